@@ -1,0 +1,40 @@
+"""Named model presets: the official MAR-B/L/H and small pixel-token models for the embedded default and tests."""
+from __future__ import annotations
+
+from .config import MARConfig
+
+_OFFICIAL = dict(img_size=256, vae_stride=16, patch_size=1, vae_embed_dim=16, class_num=1000, buffer_size=64,
+                 mlp_ratio=4.0, tokenizer="kl16", image_channels=3)
+
+PRESETS: dict[str, dict] = {
+    "mar_base": dict(_OFFICIAL, encoder_embed_dim=768, encoder_depth=12, encoder_num_heads=12,
+                     decoder_embed_dim=768, decoder_depth=12, decoder_num_heads=12, diffloss_d=6, diffloss_w=1024),
+    "mar_large": dict(_OFFICIAL, encoder_embed_dim=1024, encoder_depth=16, encoder_num_heads=16,
+                      decoder_embed_dim=1024, decoder_depth=16, decoder_num_heads=16, diffloss_d=8, diffloss_w=1280),
+    "mar_huge": dict(_OFFICIAL, encoder_embed_dim=1280, encoder_depth=20, encoder_num_heads=16,
+                     decoder_embed_dim=1280, decoder_depth=20, decoder_num_heads=16, diffloss_d=12, diffloss_w=1536),
+    # The embedded default: Fashion-MNIST padded to 32x32, 2x2 pixel patches -> 256 tokens on a 16x16 grid.
+    "fashion_small": dict(img_size=32, vae_stride=2, patch_size=1, vae_embed_dim=4, image_channels=1, crop_size=28,
+                          class_num=10, buffer_size=16, attn_dropout=0.0, proj_dropout=0.0, encoder_embed_dim=192, encoder_depth=4, encoder_num_heads=6,
+                          decoder_embed_dim=192, decoder_depth=4, decoder_num_heads=6, diffloss_d=3, diffloss_w=256,
+                          num_sampling_steps="50", diffusion_batch_mul=2, diffusion_loss_tokens=64,
+                          clip_denoised=True, tokenizer="pixel"),
+    # Tiny models for tests: 64 tokens (8x8 grid) of 2x2 pixel patches of 16x16 images.
+    "mar_tiny": dict(img_size=16, attn_dropout=0.0, proj_dropout=0.0, vae_stride=2, patch_size=1, vae_embed_dim=4, image_channels=1, class_num=10,
+                     buffer_size=4, encoder_embed_dim=32, encoder_depth=2, encoder_num_heads=2,
+                     decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2, diffloss_d=2, diffloss_w=32,
+                     num_sampling_steps="10", diffusion_batch_mul=1, clip_denoised=True, tokenizer="pixel"),
+    # A tiny model with the official 16x16 grid of 16-channel latents, for ImageNet-path tests.
+    "mar_tiny_latent": dict(_OFFICIAL, buffer_size=8, class_num=20, encoder_embed_dim=32, encoder_depth=2,
+                            encoder_num_heads=2, decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2,
+                            diffloss_d=2, diffloss_w=32, num_sampling_steps="10"),
+}
+
+DEFAULT_PRESET = "fashion_small"
+
+
+def preset_config(name: str, **overrides) -> MARConfig:
+    """The :class:`MARConfig` of a named preset, with keyword overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)!r}")
+    return MARConfig(**{**PRESETS[name], "name": name, **overrides})
