@@ -1,2 +1,9 @@
 """mar_probe: probe, measure and accelerate masked autoregressive (MAR) image generators."""
 __version__ = "0.1.0"
+
+from .api import SampleResult, decode_images, sample
+from .models import MAR, MARConfig, PRESETS, preset_config
+from .models.checkpoints import create_model, load_model
+
+__all__ = ["MAR", "MARConfig", "PRESETS", "SampleResult", "create_model", "decode_images", "load_model",
+           "preset_config", "sample"]

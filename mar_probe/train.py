@@ -30,7 +30,7 @@ class TrainConfig:
     preset: str = "fashion_small"
     data_dir: str | None = None
     out_dir: str = "runs/train"
-    iters: int = 2200
+    iters: int = 1700
     batch_size: int = 64
     lr: float = 6e-4
     min_lr: float = 6e-5

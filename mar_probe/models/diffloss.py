@@ -139,14 +139,19 @@ class DiffLoss(nn.Module):
             loss = (loss * mask).sum() / mask.sum()
         return loss.mean()
 
-    def sample(self, z, temperature=1.0, cfg=1.0, generator: torch.Generator | None = None, denoise_fn=None):
+    def sample(self, z, temperature=1.0, cfg=1.0, generator: torch.Generator | None = None,
+               init_generator: torch.Generator | None = None, denoise_fn=None):
         """Sample one token per row of ``z`` [N, Dz]; with CFG rows are [cond; uncond] halves.
 
-        ``denoise_fn(x, t, c)`` replaces the network call (used by strategies that cache the head).
+        The initial noise comes from ``init_generator`` (default: ``generator``), created on the CPU when
+        that generator is a CPU one, and each reverse step draws from ``generator`` on ``z``'s device — the
+        reference's order. ``denoise_fn(x, t, c, cfg, i)`` replaces the network call (head caches).
         """
         use_cfg = not cfg == 1.0
         n = z.shape[0] // 2 if use_cfg else z.shape[0]
-        noise = torch.randn(n, self.in_channels, generator=generator, device=z.device)
+        init_generator = generator if init_generator is None else init_generator
+        init_device = init_generator.device if init_generator is not None else z.device
+        noise = torch.randn(n, self.in_channels, generator=init_generator, device=init_device).to(z.device)
         x = torch.cat([noise, noise], dim=0) if use_cfg else noise
         diff = self.gen_diffusion
         for i in reversed(range(diff.num_timesteps)):

@@ -1,0 +1,127 @@
+"""Building models and loading checkpoints from local paths.
+
+Official MAR checkpoints (``checkpoint-last.pth``) hold ``model``, ``model_ema`` and an argparse ``args``;
+mar_probe's own add ``mar_probe_config``, so a model rebuilds from the file alone.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from .config import MARConfig
+from .mar import MAR
+from .presets import PRESETS, preset_config
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DEFAULT_CHECKPOINT = DATA_DIR / "fashion_small.pth"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint does not fit the model it is loaded into."""
+
+
+def create_model(preset: str = "fashion_small", **overrides) -> MAR:
+    """Build a randomly initialised MAR from a preset name with keyword overrides."""
+    return MAR(preset_config(preset, **overrides))
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A torch device, with a clear error for CUDA on a machine without it."""
+    dev = torch.device(device if device is not None else "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {str(device)!r} requested but CUDA is not available on this machine; "
+                           "expected 'cpu' here (or install a CUDA build of torch on a GPU machine)")
+    return dev
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """Load a checkpoint file with ``weights_only=True`` (argparse.Namespace allowed, nothing else)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} not found; expected a local file such as MAR's "
+                                "checkpoint-last.pth or one written by `mar-probe train`")
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(state).__name__!r}, expected a dict")
+    return state
+
+
+def _pick_state_dict(state: dict, ema: bool, path) -> dict:
+    key = "model_ema" if ema else "model"
+    if key in state:
+        return state[key]
+    if "model" in state or "model_ema" in state:
+        raise CheckpointError(f"checkpoint {str(path)!r} has no {key!r} weights; it has "
+                              f"{sorted(k for k in state if k.startswith('model'))!r} (choose ema={not ema!r})")
+    if all(isinstance(v, torch.Tensor) for v in state.values()):
+        return state  # a bare state dict
+    raise CheckpointError(f"checkpoint {str(path)!r} has neither 'model' nor 'model_ema'; keys: {sorted(state)[:8]!r}")
+
+
+def config_from_checkpoint(state: dict, preset: str | None) -> MARConfig:
+    """The model config: an explicit preset wins, else the stored mar_probe config, else a preset guess."""
+    if preset is not None:
+        return preset_config(preset)
+    if "mar_probe_config" in state:
+        return MARConfig.from_dict(state["mar_probe_config"])
+    args = state.get("args")
+    name = getattr(args, "model", None)
+    if name in PRESETS:
+        return preset_config(name)
+    sd = state.get("model_ema", state.get("model", state))
+    guess = suggest_preset(sd)
+    if guess is None:
+        raise CheckpointError(f"cannot tell the architecture of this checkpoint; pass preset=, one of {sorted(PRESETS)!r}")
+    return preset_config(guess)
+
+
+def _shapes(sd: dict) -> dict:
+    return {k: tuple(v.shape) for k, v in sd.items()}
+
+
+def suggest_preset(state_dict: dict) -> str | None:
+    """The preset whose state-dict keys and shapes equal those of ``state_dict``, if any."""
+    want = _shapes(state_dict)
+    for name in PRESETS:
+        with torch.device("meta"):
+            model = MAR(preset_config(name))
+        if _shapes(model.state_dict()) == want:
+            return name
+    return None
+
+
+def check_state_dict(model: MAR, state_dict: dict) -> None:
+    """Raise :class:`CheckpointError` naming missing/unexpected keys and shape conflicts."""
+    have, want = _shapes(model.state_dict()), _shapes(state_dict)
+    missing = sorted(set(have) - set(want))
+    unexpected = sorted(set(want) - set(have))
+    conflicts = [f"{k}: model {have[k]} vs checkpoint {want[k]}" for k in sorted(set(have) & set(want))
+                 if have[k] != want[k]]
+    if not (missing or unexpected or conflicts):
+        return
+    parts = [f"checkpoint does not fit model {model.config.name!r}:"]
+    for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape conflicts", conflicts)):
+        if items:
+            parts.append(f"  {label} ({len(items)}): {items[:6]!r}{' ...' if len(items) > 6 else ''}")
+    guess = suggest_preset(state_dict)
+    parts.append(f"  it fits preset {guess!r}" if guess else "  it fits none of the presets " + repr(sorted(PRESETS)))
+    raise CheckpointError("\n".join(parts))
+
+
+def load_model(checkpoint: str | Path | None = None, preset: str | None = None, ema: bool = True,
+               device: str | torch.device | None = "cpu", num_sampling_steps: str | int | None = None) -> MAR:
+    """Load a MAR from a local checkpoint (default: the embedded Fashion-MNIST model), in eval mode."""
+    dev = resolve_device(device)
+    path = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
+    state = read_checkpoint(path)
+    config = config_from_checkpoint(state, preset)
+    if num_sampling_steps is not None:
+        config = config.replace(num_sampling_steps=str(num_sampling_steps))
+    sd = _pick_state_dict(state, ema, path)
+    model = MAR(config)
+    check_state_dict(model, sd)
+    model.load_state_dict(sd, strict=True)
+    return model.to(dev).eval()
