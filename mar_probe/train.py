@@ -28,6 +28,7 @@ from .models.tokenizer import PixelTokenizer
 class TrainConfig:
     """What to train and how."""
     preset: str = "fashion_small"
+    dataset: str = "fashion"  # "fashion" (Fashion-MNIST IDX files) or "digits" (scikit-learn's 8x8, for tests)
     data_dir: str | None = None
     out_dir: str = "runs/train"
     iters: int = 1700
@@ -47,6 +48,8 @@ class TrainConfig:
         for f in ("iters", "batch_size", "ckpt_every"):
             if getattr(self, f) < 1:
                 raise ValueError(f"TrainConfig.{f} must be >= 1, got {getattr(self, f)!r}")
+        if self.dataset not in ("fashion", "digits"):
+            raise ValueError(f"TrainConfig.dataset must be 'fashion' or 'digits', got {self.dataset!r}")
         if self.amp not in ("bf16", "none"):
             raise ValueError(f"TrainConfig.amp must be 'bf16' or 'none', got {self.amp!r}")
         if self.lr <= 0 or not 0 <= self.ema_rate < 1:
@@ -69,16 +72,16 @@ def lr_at(cfg: TrainConfig, it: int) -> float:
 
 
 def _load_training_latents(cfg: TrainConfig, model: MAR):
-    from .data import load_fashion_mnist
-    images, labels = load_fashion_mnist("train", cfg.data_dir)
+    from .data import load_digits_images, load_fashion_mnist
+    images, labels = load_fashion_mnist("train", cfg.data_dir) if cfg.dataset == "fashion" else load_digits_images()
     c = model.config
     tok = PixelTokenizer(c.img_size, c.vae_stride, c.image_channels, c.crop_size)
     return tok.encode(images), torch.as_tensor(labels)  # [N, C*s*s, h, w], [N]
 
 
-def save_checkpoint(path: Path, model, ema, opt, it, cfg, history) -> None:
-    """Atomically write a checkpoint in the official layout plus mar_probe's configs."""
-    state = {"model": model.state_dict(), "model_ema": ema.state_dict(), "optimizer": opt.state_dict(),
+def save_checkpoint(path: Path, model, ema, opt, it, cfg, history, rng=None) -> None:
+    """Atomically write a checkpoint in the official layout plus mar_probe's configs and RNG state."""
+    state = {"rng_state": rng or {}, "model": model.state_dict(), "model_ema": ema.state_dict(), "optimizer": opt.state_dict(),
              "epoch": it, "args": argparse.Namespace(**cfg.to_dict()),
              "mar_probe_config": model.config.to_dict(), "train_config": cfg.to_dict(), "loss_history": history}
     tmp = path.with_suffix(".tmp")
@@ -103,20 +106,24 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
     model = MAR(preset_config(cfg.preset))
     ema = copy.deepcopy(model).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    gen, np_rng = torch.Generator().manual_seed(cfg.seed), np.random.default_rng(cfg.seed)
     start, history = 0, []
     if resume and ckpt_path.exists():
         state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"]); ema.load_state_dict(state["model_ema"])
         opt.load_state_dict(state["optimizer"])
         start, history = state["epoch"], list(state["loss_history"])
+        if state.get("rng_state"):
+            gen.set_state(state["rng_state"]["torch"])
+            np_rng.bit_generator.state = state["rng_state"]["numpy"]
     latents, labels = _load_training_latents(cfg, model)
-    _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path)
+    _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng)
     return ckpt_path
 
 
-def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path):
-    gen = torch.Generator().manual_seed(cfg.seed + start)
-    np_rng = np.random.default_rng(cfg.seed + start)
+def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng):
+    def rng_state():
+        return {"torch": gen.get_state(), "numpy": np_rng.bit_generator.state}
     model.train()
     it = start
     t0 = time.time()
@@ -136,9 +143,20 @@ def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path):
             history.append([it, loss.item(), time.time() - t0])
             bar.set_postfix(loss=f"{loss.item():.4f}")
             if (it + 1) % cfg.ckpt_every == 0:
-                save_checkpoint(ckpt_path, model, ema, opt, it + 1, cfg, history)
+                save_checkpoint(ckpt_path, model, ema, opt, it + 1, cfg, history, rng_state())
         it = cfg.iters
     except KeyboardInterrupt:
         print(f"\ninterrupted at iteration {it}: saving {ckpt_path}")
-    save_checkpoint(ckpt_path, model, ema, opt, it, cfg, history)
+    save_checkpoint(ckpt_path, model, ema, opt, it, cfg, history, rng_state())
     (ckpt_path.parent / "loss_history.json").write_text(json.dumps(history))
+
+
+def export_ema(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write the EMA weights of a training checkpoint as a small file the loader accepts on its own."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    slim = {"model_ema": state["model_ema"], "args": state["args"], "mar_probe_config": state["mar_probe_config"],
+            "train_config": state["train_config"], "epoch": state["epoch"], "loss_history": state["loss_history"]}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(slim, out)
+    return out

@@ -19,8 +19,8 @@ PRESETS: dict[str, dict] = {
                           decoder_embed_dim=192, decoder_depth=4, decoder_num_heads=6, diffloss_d=3, diffloss_w=256,
                           num_sampling_steps="50", diffusion_batch_mul=2, diffusion_loss_tokens=64,
                           clip_denoised=True, tokenizer="pixel"),
-    # Tiny models for tests: 64 tokens (8x8 grid) of 2x2 pixel patches of 16x16 images.
-    "mar_tiny": dict(img_size=16, attn_dropout=0.0, proj_dropout=0.0, vae_stride=2, patch_size=1, vae_embed_dim=4, image_channels=1, class_num=10,
+    # Tiny models for tests: 64 tokens (8x8 grid) of 2x2 pixel patches; 8x8 images (sklearn digits) padded to 16x16.
+    "mar_tiny": dict(img_size=16, crop_size=8, attn_dropout=0.0, proj_dropout=0.0, vae_stride=2, patch_size=1, vae_embed_dim=4, image_channels=1, class_num=10,
                      buffer_size=4, encoder_embed_dim=32, encoder_depth=2, encoder_num_heads=2,
                      decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2, diffloss_d=2, diffloss_w=32,
                      num_sampling_steps="10", diffusion_batch_mul=1, clip_denoised=True, tokenizer="pixel"),
@@ -33,8 +33,8 @@ PRESETS: dict[str, dict] = {
 DEFAULT_PRESET = "fashion_small"
 
 
-def preset_config(name: str, **overrides) -> MARConfig:
-    """The :class:`MARConfig` of a named preset, with keyword overrides."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; expected one of {sorted(PRESETS)!r}")
-    return MARConfig(**{**PRESETS[name], "name": name, **overrides})
+def preset_config(preset: str, **overrides) -> MARConfig:
+    """The :class:`MARConfig` of a named preset, with keyword overrides (``name=`` renames it)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)!r}")
+    return MARConfig(**{**PRESETS[preset], "name": preset, **overrides})

@@ -1,0 +1,251 @@
+"""The ``mar-probe`` command line. It only builds configs and calls library functions.
+
+Each subcommand lives in a ``_cmd_*`` function registered in ``SUBCOMMANDS``; ``_add_*`` adds its flags.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", metavar="PRESET", help="build this preset with random weights (see `mar-probe presets`)")
+    g.add_argument("--checkpoint", metavar="PATH", help="local checkpoint (default: the embedded Fashion-MNIST model)")
+    g.add_argument("--no-ema", action="store_true", help="load the non-EMA weights of a checkpoint")
+    g.add_argument("--vae", metavar="PATH", help="local kl16.ckpt to decode ImageNet latents into images")
+    g.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+
+
+def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--num-samples", type=int, default=16, help="images to generate (default: 16)")
+    g.add_argument("--labels", help="comma-separated class labels, cycled to --num-samples (default: 0,1,2,...)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the run's own generators (default: 0)")
+    g.add_argument("--num-iter", type=int, default=64, help="MAR decoding steps (default: 64)")
+    g.add_argument("--cfg", type=float, default=3.0, help="classifier-free guidance scale (default: 3.0)")
+    g.add_argument("--cfg-schedule", default="linear", choices=["linear", "constant"])
+    g.add_argument("--temperature", type=float, default=1.0, help="diffusion sampling temperature (default: 1.0)")
+    g.add_argument("--num-sampling-steps", help="diffusion steps of the head (default: the model's)")
+    g.add_argument("--batch-size", type=int, default=64, help="images per forward batch (default: 64)")
+    g.add_argument("--rng", default="own", choices=["own", "official"], help="random-number layout")
+
+
+def build_model(args):
+    """The model named by --model/--checkpoint (random preset, checkpoint, or the embedded default)."""
+    from .models.checkpoints import create_model, load_model, resolve_device
+    if args.model and args.checkpoint:
+        raise ValueError("give --model PRESET or --checkpoint PATH, not both")
+    steps = getattr(args, "num_sampling_steps", None)
+    if args.model:
+        over = {"num_sampling_steps": str(steps)} if steps else {}
+        return create_model(args.model, **over).to(resolve_device(args.device)).eval()
+    return load_model(args.checkpoint, ema=not args.no_ema, device=args.device, num_sampling_steps=steps)
+
+
+def parse_labels(text: str | None, num_samples: int, num_classes: int) -> np.ndarray:
+    """Labels from "3,5" (cycled to num_samples) or 0,1,2,... by default."""
+    if num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1, got {num_samples!r}")
+    if text:
+        try:
+            base = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--labels must be comma-separated integers, got {text!r}") from None
+    else:
+        base = list(range(num_classes))
+    return np.resize(np.array(base, dtype=np.int64), num_samples)
+
+
+def _load_vae(args):
+    if not args.vae:
+        return None
+    from .models.vae import load_vae
+    return load_vae(args.vae, device=args.device)
+
+
+def _add_generate(p):
+    _add_model_flags(p)
+    _add_sampling_flags(p)
+    p.add_argument("--out", default="runs/generate", help="output folder (default: runs/generate)")
+
+
+def _cmd_generate(args) -> int:
+    from .api import sample
+    from .plot.grid import save_image_grid
+    model = build_model(args)
+    labels = parse_labels(args.labels, args.num_samples, model.num_classes)
+    res = sample(model, labels, num_iter=args.num_iter, cfg=args.cfg, cfg_schedule=args.cfg_schedule,
+                 temperature=args.temperature, seed=args.seed, rng=args.rng, batch_size=args.batch_size,
+                 vae=_load_vae(args), progress=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokens = res.tokens.flatten(2).transpose(1, 2).numpy().astype(np.float32)  # [N, seq_len, token_dim]
+    arrays = dict(labels=res.labels, tokens=tokens)
+    if res.images is not None:
+        arrays["images"] = res.images
+        save_image_grid(res.images, out / "grid.png", labels=res.labels)
+    np.savez(out / "samples.npz", **arrays)
+    (out / "settings.json").write_text(json.dumps(dict(res.settings, timings=res.timings), indent=2))
+    print(f"wrote {len(labels)} samples to {out / 'samples.npz'}" + (" and grid.png" if res.images is not None else
+          " (no images: pass --vae PATH to decode latents)"))
+    return 0
+
+
+def _add_train(p):
+    p.add_argument("--preset", default="fashion_small", help="model preset to train (default: fashion_small)")
+    p.add_argument("--data", dest="data_dir", help="folder with the Fashion-MNIST IDX files")
+    p.add_argument("--out", dest="out_dir", default="runs/train", help="checkpoint folder (default: runs/train)")
+    for name, typ in (("iters", int), ("batch-size", int), ("lr", float), ("min-lr", float), ("warmup-iters", int),
+                      ("weight-decay", float), ("grad-clip", float), ("ema-rate", float), ("ckpt-every", int),
+                      ("seed", int), ("threads", int)):
+        p.add_argument(f"--{name}", type=typ, help="see TrainConfig (default: its default)")
+    p.add_argument("--amp", choices=["bf16", "none"])
+    p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
+    p.add_argument("--export", metavar="PATH", help="after training, write the EMA-only checkpoint here")
+
+
+def _cmd_train(args) -> int:
+    from .train import TrainConfig, export_ema, train
+    fields = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None}
+    path = train(TrainConfig(**fields), resume=not args.no_resume)
+    print(f"checkpoint: {path}")
+    if args.export:
+        print(f"exported EMA weights to {export_ema(path, args.export)}")
+    return 0
+
+
+def _add_quality(p):
+    p.add_argument("samples", help="a samples.npz written by `mar-probe generate`")
+    p.add_argument("--classifier", help="classifier file (default: data/fashion_classifier.pt)")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+
+
+def _cmd_quality(args) -> int:
+    from .quality import format_report, quality_report
+    kwargs = {"classifier": args.classifier} if args.classifier else {}
+    report = quality_report(args.samples, **kwargs)
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def _add_presets(p):
+    pass
+
+
+def _cmd_presets(args) -> int:
+    from .models.presets import PRESETS
+    for name, kw in PRESETS.items():
+        print(f"{name:18s} {kw['encoder_depth']}+{kw['decoder_depth']} blocks, width {kw['encoder_embed_dim']}, "
+              f"head {kw['diffloss_d']}x{kw['diffloss_w']}, {kw['img_size']}px, tokenizer {kw.get('tokenizer')}")
+    return 0
+
+
+def _add_record(p):
+    _add_model_flags(p)
+    _add_sampling_flags(p)
+    for action in p._actions:  # one sampler run per sample by default: data independent of batching
+        if action.dest == "batch_size":
+            action.default, action.help = 1, "samples per sampler run; part of the run's identity (default: 1)"
+    p.add_argument("--out", default="runs/record.zarr", help="zarr store to write (default: runs/record.zarr)")
+    p.add_argument("--samples-per-class", type=int, metavar="K", help="K samples of every class in --labels "
+                   "(default classes: all); overrides --num-samples")
+    p.add_argument("--strategy", default="full", help="sampling strategy (default: full)")
+    g = p.add_argument_group("selection (flags override --spec)")
+    g.add_argument("--spec", metavar="FILE", help="YAML/JSON selection spec (fields of SelectionSpec)")
+    g.add_argument("--vars", help="comma-separated variables, e.g. dec_k,dec_v,z_cfg_resid,attn_gen")
+    for name in ("layers", "steps", "samples"):
+        g.add_argument(f"--{name}", help=f"{name} to keep, e.g. 0,2,4-7 (default: all)")
+    g.add_argument("--branches", help="CFG branches to keep: cond, uncond or cond,uncond (default: all)")
+    g.add_argument("--dtype", choices=["float16", "float32", "bfloat16"], help="storage dtype (default: float16)")
+    g = p.add_argument_group("run")
+    g.add_argument("--dry-run", action="store_true", help="print the store size per variable and exit")
+    g.add_argument("--resume", action="store_true", help="complete an existing store (skips complete samples)")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    g.add_argument("--shard", metavar="I/N", help="write the I-th of N disjoint parts (concurrent processes)")
+    g.add_argument("--queue-size", type=int, default=8, help="step records buffered for the writer (default: 8)")
+
+
+def _selection_from_args(args):
+    from .probe.spec import SelectionSpec
+    spec = SelectionSpec.from_file(args.spec) if args.spec else SelectionSpec()
+    flags = {"variables": args.vars, "layers": args.layers, "steps": args.steps, "samples": args.samples,
+             "branches": args.branches, "dtype": args.dtype}
+    return spec.replace(**{k: v for k, v in flags.items() if v is not None})
+
+
+def _record_labels(args, num_classes: int) -> np.ndarray:
+    if args.samples_per_class is None:
+        return parse_labels(args.labels, args.num_samples, num_classes)
+    if args.samples_per_class < 1:
+        raise ValueError(f"--samples-per-class must be >= 1, got {args.samples_per_class!r}")
+    n = len([x for x in args.labels.split(",") if x.strip()]) if args.labels else num_classes
+    return np.repeat(parse_labels(args.labels, max(n, 1), num_classes), args.samples_per_class)
+
+
+def _cmd_record(args) -> int:
+    import torch
+    from .models.checkpoints import DEFAULT_CHECKPOINT
+    from .probe.record import image_shape, record
+    from .store.schema import estimate_size, format_bytes
+    torch.manual_seed(args.seed)  # random-weight presets: the same weights in every shard and resumed process
+    model = build_model(args)
+    labels, spec = _record_labels(args, model.num_classes), _selection_from_args(args)
+    vae = _load_vae(args)
+    if args.dry_run:
+        sizes = estimate_size(spec, model, len(labels), args.num_iter, cfg=args.cfg, images=image_shape(model, vae))
+        for name, n in sizes.items():
+            print(f"{name:16s} {format_bytes(n):>12s}")
+        print(f"{'total':16s} {format_bytes(sum(sizes.values())):>12s} uncompressed, {len(labels)} samples x "
+              f"{args.num_iter} steps; nothing written (--dry-run)")
+        return 0
+    checkpoint = None if args.model else (args.checkpoint or DEFAULT_CHECKPOINT)
+    res = record(model, labels, args.out, spec, seed=args.seed, num_iter=args.num_iter, cfg=args.cfg,
+                 cfg_schedule=args.cfg_schedule, temperature=args.temperature, rng=args.rng,
+                 batch_size=args.batch_size, strategy=args.strategy, vae=vae, checkpoint=checkpoint,
+                 resume=args.resume, overwrite=args.overwrite, shard=args.shard, queue_size=args.queue_size,
+                 progress=True)
+    print(f"wrote {res.samples_written} samples ({res.samples_skipped} already complete) to {res.path}: "
+          f"{format_bytes(res.bytes_logical)} uncompressed in {res.seconds:.1f} s; open with "
+          f"mar_probe.open_run({str(res.path)!r})")
+    return 0
+
+
+SUBCOMMANDS = {
+    "generate": (_add_generate, _cmd_generate, "generate images and write samples.npz and a PNG grid"),
+    "record": (_add_record, _cmd_record, "sample with the probe attached and write a zarr run store"),
+    "train": (_add_train, _cmd_train, "train a small MAR (default: the embedded Fashion-MNIST model)"),
+    "quality": (_add_quality, _cmd_quality, "class accuracy and Frechet distance of generated images"),
+    "presets": (_add_presets, _cmd_presets, "list model presets"),
+}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mar-probe", description="Probe, measure and accelerate MAR image "
+                                     "generators. Every command uses the embedded Fashion-MNIST model unless "
+                                     "--model or --checkpoint is given.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (add, cmd, help_) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        add(p)
+        p.set_defaults(func=cmd)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as exc:
+        print(f"mar-probe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
