@@ -1,0 +1,161 @@
+"""Resolving hook names to module paths and attaching forward hooks (like baukit's ``TraceDict``).
+
+A name resolves to a :class:`HookSite`: the module whose forward output carries the tensor, plus an optional
+transform from that output to the hook's canonical shape. On mar_probe's own MAR the sites are the identity
+``HookPoint`` modules; on an official MAR (timm ``Block``: fused ``attn.qkv``, no hook points) q/k/v come from
+the ``attn.qkv`` output split per head, the block output is ``resid_post`` and ``z`` is recomputed from
+``decoder_norm``'s output with the very operations of the official ``forward_mae_decoder``.
+Hooks only read: they return ``None``, so the model's outputs do not change by a single bit.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+STACKS = {"enc": "encoder_blocks", "dec": "decoder_blocks"}
+QUANTITIES = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_out", "hook_mlp_out", "hook_resid_mid",
+              "hook_resid_post")
+# official (timm Block) fallbacks: quantity -> (module path inside the block, transform kind)
+_FALLBACK = {"attn.hook_q": ("attn.qkv", 0), "attn.hook_k": ("attn.qkv", 1), "attn.hook_v": ("attn.qkv", 2),
+             "attn.hook_attn_out": ("attn", None), "hook_mlp_out": ("mlp", None), "hook_resid_post": ("", None)}
+
+
+@dataclass(frozen=True)
+class HookSite:
+    """Where a hook name reads its tensor: ``module_path`` output, mapped through ``transform`` if given."""
+    name: str
+    module_path: str
+    transform: Callable | None = None
+
+
+@dataclass(frozen=True)
+class HookInfo:
+    """A hook name, the module it reads and a description of its tensor's shape."""
+    name: str
+    module_path: str
+    shape: str
+
+
+def _has_module(model, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
+
+
+def _split_qkv(index: int, num_heads: int):
+    def split(out):
+        b, n, d3 = out.shape
+        qkv = out.reshape(b, n, 3, num_heads, d3 // (3 * num_heads))  # [B, N, 3, H, Dh]
+        return qkv.permute(2, 0, 3, 1, 4)[index]                       # [B, H, N, Dh]
+    return split
+
+
+def _official_z(model):
+    def z(out):  # decoder_norm output [B, S+L, D] -> z [B, L, D], as the official forward_mae_decoder
+        return out[:, model.buffer_size:] + model.diffusion_pos_embed_learned
+    return z
+
+
+def _name_error(model, name: str, why: str) -> ValueError:
+    depths = {s: len(getattr(model, p)) for s, p in STACKS.items()}
+    return ValueError(f"unknown hook name {name!r} ({why}); expected 'z' or '{{stack}}.{{layer}}.{{quantity}}' with "
+                      f"stack in {tuple(STACKS)!r}, layer in 0..depth-1 (depths {depths!r}) and quantity in "
+                      f"{QUANTITIES!r}, e.g. 'dec.1.attn.hook_k'; see mar_probe.hooks.list_hooks(model)")
+
+
+def resolve_hook(model, name: str) -> HookSite:
+    """The :class:`HookSite` of a hook name on ``model`` (mar_probe's MAR or an official one)."""
+    if name == "z":
+        if _has_module(model, "hook_z"):
+            return HookSite(name, "hook_z")
+        return HookSite(name, "decoder_norm", _official_z(model))
+    stack, _, rest = name.partition(".")
+    layer, _, quantity = rest.partition(".")
+    if stack not in STACKS or quantity not in QUANTITIES or not layer.isdigit():
+        raise _name_error(model, name, "not of the form stack.layer.quantity")
+    blocks = getattr(model, STACKS[stack])
+    if int(layer) >= len(blocks):
+        raise _name_error(model, name, f"layer {int(layer)} out of range for {len(blocks)} {stack} blocks")
+    prefix = f"{STACKS[stack]}.{int(layer)}"
+    if _has_module(model, f"{prefix}.{quantity}"):
+        return HookSite(name, f"{prefix}.{quantity}")
+    if quantity not in _FALLBACK:
+        raise ValueError(f"hook {name!r} is not available on this model: it has no module {prefix}.{quantity!s} "
+                         f"and the quantity cannot be read from a module output; expected one of "
+                         f"{tuple(_FALLBACK)!r} on a model without hook points")
+    sub, index = _FALLBACK[quantity]
+    path = f"{prefix}.{sub}" if sub else prefix
+    transform = None if index is None else _split_qkv(index, blocks[int(layer)].attn.num_heads)
+    return HookSite(name, path, transform)
+
+
+def _stack_shapes(model, stack: str) -> dict[str, str]:
+    block = getattr(model, STACKS[stack])[0]
+    heads, width = block.attn.num_heads, block.attn.qkv.in_features
+    rows = "Nenc=S+known (varies by step)" if stack == "enc" else f"N={model.buffer_size + model.seq_len}"
+    qkv = f"[B', H={heads}, {rows}, Dh={width // heads}]"
+    res = f"[B', {rows}, D={width}]"
+    return {q: (qkv if q.startswith("attn.hook_") and q != "attn.hook_attn_out" else res) for q in QUANTITIES}
+
+
+def list_hooks(model) -> list[HookInfo]:
+    """Every hook name available on ``model`` with its module path and shape (B' = batch x CFG branches).
+
+    Examples
+    --------
+    >>> [h.name for h in list_hooks(model)][:3]
+    ['enc.0.attn.hook_q', 'enc.0.attn.hook_k', 'enc.0.attn.hook_v']
+    """
+    out = []
+    for stack, path in STACKS.items():
+        shapes = _stack_shapes(model, stack)
+        for i in range(len(getattr(model, path))):
+            for q in QUANTITIES:
+                try:
+                    site = resolve_hook(model, f"{stack}.{i}.{q}")
+                except ValueError:
+                    continue
+                out.append(HookInfo(site.name, site.module_path, shapes[q]))
+    dec = model.decoder_blocks[0].attn.qkv.in_features
+    out.append(HookInfo("z", resolve_hook(model, "z").module_path, f"[B', L={model.seq_len}, D={dec}]"))
+    return out
+
+
+@contextmanager
+def trace(model, names, callback: Callable[[str, torch.Tensor], None]):
+    """Attach read-only forward hooks for ``names``; ``callback(name, tensor)`` sees each captured tensor.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        mar_probe's MAR or an official MAR instance.
+    names : iterable of str
+        Hook names (see :func:`list_hooks`).
+    callback : callable
+        Called with the hook name and the detached tensor in its canonical shape, during the forward.
+    """
+    by_module: dict[str, list[HookSite]] = {}
+    for name in dict.fromkeys(names):
+        site = resolve_hook(model, name)
+        by_module.setdefault(site.module_path, []).append(site)
+    handles = []
+    try:
+        for path, sites in by_module.items():
+            handles.append(model.get_submodule(path).register_forward_hook(_make_hook(sites, callback)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _make_hook(sites, callback):
+    def hook(module, inputs, output):
+        out = output.detach()
+        for site in sites:
+            callback(site.name, site.transform(out) if site.transform is not None else out)
+    return hook
