@@ -4,6 +4,8 @@ __version__ = "0.1.0"
 from .api import SampleResult, decode_images, sample
 from .models import MAR, MARConfig, PRESETS, preset_config
 from .models.checkpoints import create_model, load_model
+from .probe import SelectionSpec, record
+from .store import open_run
 
 __all__ = ["MAR", "MARConfig", "PRESETS", "SampleResult", "create_model", "decode_images", "load_model",
-           "preset_config", "sample"]
+           "open_run", "preset_config", "record", "sample", "SelectionSpec"]

@@ -1,0 +1,320 @@
+"""``record``: sample with the probe attached and write every selected step into a run store.
+
+Every sample gets its own seed, derived from (seed, sample index), and samples are grouped into fixed units
+of ``batch_size`` consecutive selected samples; a unit is sampled with the seed of its first sample. The
+data of a sample therefore depend only on the run's settings (batch size included), never on which shard
+or which resumed process computes it, so ``resume`` and ``shard`` give arrays identical to one
+uninterrupted run.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..api import _validate, decode_images
+from ..sampler import SampleRNG, Sampler
+from ..store.reader import read_attrs
+from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
+from ..store.writer import StoreWriter, create_store, read_flags
+from .probe import Probe
+from .spec import SelectionSpec
+
+IDENTITY_KEYS = ("schema_version", "model_config", "weights_sha256", "sampling", "selection", "strategy",
+                 "num_samples", "labels_sha256", "seed")
+
+
+@dataclass
+class RecordResult:
+    """What :func:`record` did: store path, samples written and skipped, logical bytes and timings."""
+    path: Path
+    samples_written: int
+    samples_skipped: int
+    bytes_logical: int
+    seconds: float
+    writer_wait_s: float
+
+
+def sample_seeds(seed: int, num_samples: int) -> np.ndarray:
+    """The seed of every sample: ``SeedSequence([seed, i]).generate_state(1)[0]`` (uint32 as int64)."""
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return np.array([np.random.SeedSequence([int(seed), i]).generate_state(1)[0] for i in range(num_samples)],
+                    dtype=np.int64)
+
+
+def parse_shard(shard) -> tuple[int, int] | None:
+    """``"I/N"`` or (I, N) -> (I, N) with 0 <= I < N; None stays None."""
+    if shard is None:
+        return None
+    if isinstance(shard, str):
+        i, sep, n = shard.partition("/")
+        if not sep or not i.strip().isdigit() or not n.strip().isdigit():
+            raise ValueError(f"shard must look like 'I/N' (e.g. '0/4'), got {shard!r}")
+        shard = (int(i), int(n))
+    i, n = shard
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"shard index must satisfy 0 <= I < N, got I={i!r}, N={n!r}")
+    return int(i), int(n)
+
+
+def file_sha256(path) -> str:
+    """SHA-256 of a file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_sha256(model) -> str:
+    """SHA-256 over the model's state dict (names and raw bytes, in state-dict order)."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _versions() -> dict:
+    import xarray
+    import zarr
+    from .. import __version__
+    return {"mar_probe": __version__, "torch": torch.__version__, "zarr": zarr.__version__,
+            "xarray": xarray.__version__, "numpy": np.__version__, "python": platform.python_version()}
+
+
+def run_attrs(model, spec: SelectionSpec, labels: np.ndarray, seed: int, sampling: dict, strategy,
+              checkpoint=None) -> dict:
+    """The root attributes of a run store (identity keys in :data:`IDENTITY_KEYS`)."""
+    config = getattr(model, "config", None)
+    versions = _versions()
+    return {"schema_version": SCHEMA_VERSION, "mar_probe_version": versions["mar_probe"],
+            "versions": json.dumps(versions), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "seed": int(seed), "model_preset": getattr(config, "name", type(model).__name__),
+            "model_config": json.dumps(config.to_dict() if config is not None else {}, sort_keys=True),
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "checkpoint_sha256": file_sha256(checkpoint) if checkpoint else None,
+            "weights_sha256": weights_sha256(model), "sampling": json.dumps(sampling, sort_keys=True),
+            "selection": json.dumps(spec.to_dict(), sort_keys=True),
+            "strategy": json.dumps(strategy.to_dict(), sort_keys=True), "num_samples": int(len(labels)),
+            "labels_sha256": hashlib.sha256(np.asarray(labels, dtype=np.int64).tobytes()).hexdigest(),
+            "seed_derivation": "numpy SeedSequence([seed, sample]).generate_state(1)[0] of each unit's first sample"}
+
+
+def check_identity(path, attrs: dict) -> None:
+    """Raise when the store at ``path`` was written by another model, config or selection."""
+    have = read_attrs(path)
+    diff = [k for k in IDENTITY_KEYS if _norm(have.get(k)) != _norm(attrs.get(k))]
+    if diff:
+        details = "; ".join(f"{k}: store {_short(have.get(k))} vs now {_short(attrs.get(k))}" for k in diff)
+        raise ValueError(f"store {str(path)!r} was written by another model or configuration, so it cannot be "
+                         f"resumed or shared: {details}. Use --overwrite to replace it or another --out")
+
+
+def _norm(v):
+    if isinstance(v, str) and v[:1] in "{[":
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def image_shape(model, vae=None) -> tuple[int, int, int] | None:
+    """(height, width, channels) of decoded images, or None when the tokens cannot be decoded."""
+    c = getattr(model, "config", None)
+    if c is None:
+        return None
+    if c.tokenizer == "pixel":
+        size = c.crop_size or c.img_size
+        return (size, size, c.image_channels)
+    return (c.img_size, c.img_size, 3) if vae is not None else None
+
+
+def _units(layout: RunLayout, batch_size: int, shard) -> list[list[int]]:
+    """Store rows grouped into fixed units of ``batch_size``; a shard takes every N-th unit."""
+    rows = list(range(len(layout.samples)))
+    units = [rows[k:k + batch_size] for k in range(0, len(rows), batch_size)]
+    return units if shard is None else units[shard[0]::shard[1]]
+
+
+def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite, shard) -> None:
+    """Create the store (atomically: build in a temporary folder, then rename) or check an existing one."""
+    if resume and overwrite:
+        raise ValueError("give --resume or --overwrite, not both")
+    if shard is not None and overwrite:
+        raise ValueError("--overwrite cannot be combined with --shard (shards would delete each other's data); "
+                         "remove the store first, or create it with one unsharded call")
+    if out.exists() and (resume or shard is not None):
+        check_identity(out, attrs)
+        return
+    if resume:
+        raise FileNotFoundError(f"cannot resume: store {str(out)!r} does not exist; expected a store written by "
+                                "an earlier `mar-probe record` with the same settings")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"store {str(out)!r} already exists; pass --resume to complete it or --overwrite "
+                              "to replace it")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    create_store(tmp, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=True)
+    if overwrite and out.exists():
+        import shutil
+        shutil.rmtree(out)
+    try:
+        os.rename(tmp, out)
+    except OSError:  # another shard created it first
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+        check_identity(out, attrs)
+
+
+def _sample_arrays(model, tokens, orders, vae, dims) -> list[dict]:
+    """Per-sample arrays of a unit: tokens on the full token axis, generation rank, images."""
+    b, s = tokens.shape[0], dims.buffer
+    full = torch.full((b, s + tokens.shape[1], tokens.shape[2]), float("nan"))
+    full[:, s:] = tokens.float().cpu()                                      # [B, S+L, C]
+    rank = torch.full((b, s + orders.shape[1]), -1, dtype=torch.int32)
+    rank[:, s:].scatter_(1, orders.cpu(), torch.arange(orders.shape[1], dtype=torch.int32).expand(b, -1))
+    images = decode_images(model, model.unpatchify(tokens).float(), vae) if hasattr(model, "unpatchify") else None
+    out = []
+    for i in range(b):
+        arrays = {"tokens": full[i].numpy(), "order": rank[i].numpy()}
+        if images is not None:
+            arrays["images"] = images[i]
+        out.append(arrays)
+    return out
+
+
+class _Progress:
+    """Sampler observer advancing a step progress bar with the bytes written so far."""
+
+    def __init__(self, bar, writer):
+        self.bar, self.writer = bar, writer
+
+    def step_end(self, state, sampled):
+        self.bar.update(1)
+        if self.bar.n % 8 == 0:
+            from ..store.schema import format_bytes
+            self.bar.set_postfix_str(f"{format_bytes(self.writer.bytes_logical)} written", refresh=False)
+
+
+def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int = 0, num_iter: int = 64,
+           cfg: float = 1.0, cfg_schedule: str = "linear", temperature: float = 1.0, rng: str = "own",
+           batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
+           overwrite: bool = False, shard=None, queue_size: int = 8, progress: bool = False) -> RecordResult:
+    """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.
+
+    Parameters
+    ----------
+    model : MAR
+        A model in eval mode.
+    labels : array-like of int
+        One class label per sample (the store's ``sample`` axis before ``spec.samples`` selection).
+    out : str or Path
+        The store folder (``run.zarr``).
+    spec : SelectionSpec, optional
+        What to record (default: :data:`~mar_probe.probe.spec.DEFAULT_VARIABLES` of every layer and step).
+    seed : int
+        Run seed; sample ``i`` uses ``SeedSequence([seed, i])`` (see :func:`sample_seeds`).
+    num_iter, cfg, cfg_schedule, temperature, rng
+        Sampling settings as in :func:`mar_probe.sample`.
+    batch_size : int
+        Samples per sampler run; data depend on it (it is part of the run's identity).
+    strategy : Strategy or str, optional
+        How each step is computed (default: the full baseline).
+    vae : optional
+        KL-16 VAE to decode latent tokens into images.
+    checkpoint : path, optional
+        The checkpoint the model came from; its SHA-256 goes into the attrs.
+    resume : bool
+        Complete an existing store: samples flagged complete are skipped, the others redone.
+    overwrite : bool
+        Replace an existing store.
+    shard : str or (int, int), optional
+        ``"I/N"``: write only the I-th of N disjoint parts; shards may run concurrently on one store.
+    queue_size : int
+        Step records buffered for the background writer.
+    progress : bool
+        Show a progress bar (steps/s and bytes written).
+
+    Returns
+    -------
+    RecordResult
+    """
+    plan = _plan(model, labels, out, spec, seed=seed, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule,
+                 temperature=temperature, rng=rng, batch_size=batch_size, strategy=strategy, vae=vae,
+                 checkpoint=checkpoint, shard=shard)
+    _prepare_store(plan["out"], plan["layout"], plan["attrs"], plan["labels"], plan["seeds"], resume=resume,
+                   overwrite=overwrite, shard=plan["shard"])
+    return _run(model, plan, vae=vae, queue_size=queue_size, progress=progress)
+
+
+def _plan(model, labels, out, spec, *, seed, num_iter, cfg, cfg_schedule, temperature, rng, batch_size,
+          strategy, vae, checkpoint, shard) -> dict:
+    from ..strategies import FullStrategy, create
+    labels = _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size).numpy()
+    spec = spec if spec is not None else SelectionSpec()
+    if isinstance(strategy, str):
+        strategy = create(strategy)
+    strategy = strategy or FullStrategy()
+    num_steps = strategy.num_steps(num_iter) if hasattr(strategy, "num_steps") else num_iter
+    layout = resolve(spec, model, num_samples=len(labels), num_iter=num_steps, cfg=cfg,
+                     images=image_shape(model, vae))
+    seeds = sample_seeds(seed, len(labels))
+    sampling = dict(num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature, rng=rng,
+                    batch_size=batch_size, num_sampling_steps=str(model.diffloss.num_sampling_steps))
+    attrs = run_attrs(model, spec, labels, seed, sampling, strategy, checkpoint)
+    return dict(out=Path(out), layout=layout, attrs=attrs, labels=labels, seeds=seeds, strategy=strategy,
+                sampling=sampling, shard=parse_shard(shard))
+
+
+def _run(model, plan: dict, *, vae, queue_size: int, progress: bool) -> RecordResult:
+    layout, s = plan["layout"], plan["sampling"]
+    _, complete = read_flags(plan["out"])
+    units = _units(layout, s["batch_size"], plan["shard"])
+    todo = [u for u in units if not complete[u].all()]
+    t0 = time.perf_counter()
+    writer = StoreWriter(plan["out"], layout, queue_size=queue_size)
+    bar = tqdm(total=len(todo) * s["num_iter"], disable=not progress, desc="record", unit="step")
+    probe = Probe(model, layout, writer.put_step)
+    device = next(model.parameters()).device
+    sampler = Sampler(model, plan["strategy"], [probe, _Progress(bar, writer)], device)
+    try:
+        with probe.attached():
+            for unit in todo:
+                _run_unit(model, sampler, probe, writer, plan, unit, vae, device)
+    except BaseException:
+        bar.close()
+        writer.close(raise_error=False)  # flush what is queued; the original error wins
+        raise
+    bar.close()
+    writer.close()
+    skipped = sum(len(u) for u in units) - sum(len(u) for u in todo)
+    return RecordResult(plan["out"], sum(len(u) for u in todo), skipped, writer.bytes_logical,
+                        time.perf_counter() - t0, writer.wait_s)
+
+
+def _run_unit(model, sampler, probe, writer, plan, unit, vae, device) -> None:
+    layout, s = plan["layout"], plan["sampling"]
+    ids = [layout.samples[r] for r in unit]
+    gen = SampleRNG.create(int(plan["seeds"][ids[0]]), s["rng"], device)
+    probe.begin_batch(unit)
+    labels = torch.as_tensor(plan["labels"][ids], dtype=torch.long, device=device)
+    tokens, orders = sampler.run(labels, gen, num_iter=s["num_iter"], cfg=s["cfg"], cfg_schedule=s["cfg_schedule"],
+                                 temperature=s["temperature"])
+    for row, arrays in zip(unit, _sample_arrays(model, tokens, orders, vae, layout.dims)):
+        writer.put_sample(row, arrays)

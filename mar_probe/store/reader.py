@@ -1,0 +1,114 @@
+"""Opening a recorded run as a lazy ``xarray.Dataset``."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from .schema import SCHEMA_VERSION
+
+JSON_ATTRS = ("model_config", "selection", "sampling", "strategy", "versions")
+VARIABLE_ORDER = ("mask", "pred", "cfg", "done", "order", "tokens", "images", "complete")
+
+
+class IncompleteRunWarning(UserWarning):
+    """The store has (sample, step) pairs whose data were not (completely) written."""
+
+
+class SchemaError(ValueError):
+    """The path is not a mar_probe run store of a schema version this code reads."""
+
+
+def read_attrs(path: str | Path) -> dict:
+    """Root attributes of a run store, after checking that it is one of a readable schema version."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"run store {str(path)!r} not found; expected a folder written by `mar-probe record`")
+    try:
+        attrs = dict(zarr.open_group(str(path), mode="r", use_consolidated=False).attrs)
+    except Exception as exc:  # noqa: BLE001 - zarr raises several types for a non-store
+        raise SchemaError(f"{str(path)!r} is not a zarr v3 group ({type(exc).__name__}: {exc}); expected a run "
+                          "store written by `mar-probe record`") from exc
+    version = attrs.get("schema_version")
+    if version is None:
+        raise SchemaError(f"{str(path)!r} has no 'schema_version' attribute; expected a run store written by "
+                          f"`mar-probe record` (schema version {SCHEMA_VERSION})")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(f"run store {str(path)!r} has schema version {version!r}, this mar_probe reads version "
+                          f"{SCHEMA_VERSION!r}; open it with the mar_probe version that wrote it "
+                          f"({attrs.get('mar_probe_version')!r})")
+    return attrs
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bit patterns -> float32 (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def open_run(path: str | Path, *, mask_incomplete: bool = True, warn: bool = True):
+    """Open a run store as a lazy ``xarray.Dataset`` (dask-backed when dask is installed).
+
+    bfloat16 variables are decoded to float32; JSON attributes (``model_config``, ``selection``, ...) are
+    parsed. Per-step float variables of (sample, step) pairs without their ``done`` flag, and per-sample
+    ones of samples without ``complete``, are masked with NaN; ``ds.attrs["incomplete"]`` lists the
+    incomplete (sample, step) pairs and a :class:`IncompleteRunWarning` reports them.
+
+    Parameters
+    ----------
+    path : str or Path
+        A store written by :func:`mar_probe.record` / ``mar-probe record``.
+    mask_incomplete : bool
+        Mask data of incomplete steps and samples with NaN (default True).
+    warn : bool
+        Warn when the run is incomplete (default True).
+
+    Raises
+    ------
+    SchemaError
+        When the path is not a run store or has another schema version.
+    """
+    import xarray as xr
+    attrs = read_attrs(path)
+    try:
+        import dask  # noqa: F401
+        chunks = {}
+    except ImportError:
+        chunks = None
+    ds = xr.open_zarr(str(path), consolidated=False, chunks=chunks, mask_and_scale=False)
+    for name in list(ds.data_vars):
+        if ds[name].attrs.get("mar_probe_dtype") == "bfloat16":
+            dec = xr.apply_ufunc(_bf16_to_f32, ds[name], dask="parallelized", output_dtypes=[np.float32])
+            ds[name] = dec.assign_attrs({k: v for k, v in ds[name].attrs.items() if k != "mar_probe_dtype"})
+    for key in JSON_ATTRS:
+        if isinstance(ds.attrs.get(key), str):
+            ds.attrs[key] = json.loads(ds.attrs[key])
+    order = [v for v in ds.attrs.get("selection", {}).get("variables", []) if v in ds.data_vars]
+    ds = ds[order + [v for v in VARIABLE_ORDER if v in ds.data_vars and v not in order]
+            + sorted(v for v in ds.data_vars if v not in order and v not in VARIABLE_ORDER)]
+    return _mark_incomplete(ds, path, mask_incomplete, warn)
+
+
+def _mark_incomplete(ds, path, mask: bool, warn: bool):
+    done = ds["done"].values
+    complete = ds["complete"].values
+    bad = np.argwhere(~done)
+    samples = ds["sample"].values
+    ds.attrs["incomplete"] = [(int(samples[i]), int(ds["step"].values[j])) for i, j in bad]
+    ds.attrs["incomplete_samples"] = [int(s) for s in samples[~complete]]
+    if mask and (len(bad) or (~complete).any()):
+        for name, var in ds.data_vars.items():
+            if var.dtype.kind != "f":
+                continue
+            if "step" in var.dims:
+                ds[name] = var.where(ds["done"])
+            elif "sample" in var.dims:
+                ds[name] = var.where(ds["complete"])
+    if warn and (len(bad) or (~complete).any()):
+        warnings.warn(f"run {str(path)!r} is incomplete: {len(bad)} of {done.size} (sample, step) pairs and "
+                      f"{int((~complete).sum())} of {complete.size} samples lack their completion flag "
+                      f"(first samples {ds.attrs['incomplete_samples'][:8]!r}); their data are masked with NaN. "
+                      "Complete the run with `mar-probe record --resume`.", IncompleteRunWarning, stacklevel=3)
+    return ds

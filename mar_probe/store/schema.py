@@ -1,0 +1,249 @@
+"""The store schema: dimensions, variables, chunks and coordinates of a recorded run.
+
+Dimensions come in the fixed order ``sample, step, branch, layer, token, head, d_head`` (then ``d_model``,
+``channel``, ``y, x, color``). The ``token`` axis is the full ``[buffer; image tokens]`` sequence of length
+S + L (coordinates ``row``/``col`` are -1 on buffer rows), so encoder variables, which see only the known
+tokens, are scattered back onto it with NaN where a token was not processed. When the encoder and the decoder
+differ in depth, heads or width, the differing dimensions get a stack prefix (``enc_layer``, ``dec_head``).
+Per-step variables are chunked one chunk per (sample, step), per-sample ones one chunk per sample, so every
+chunk is written exactly once by one writer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..probe.spec import SelectionSpec
+
+SCHEMA_VERSION = 1
+DIM_ORDER = ("sample", "step", "branch", "layer", "token", "head", "d_head", "d_model", "channel", "y", "x", "color")
+BF16_NAN = 0x7FC0
+STACK_PREFIX = ("enc", "dec")
+
+
+@dataclass(frozen=True)
+class StackDims:
+    depth: int
+    heads: int
+    d_head: int
+    d_model: int
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Sizes the schema needs, read from module attributes (works on official MAR instances too)."""
+    buffer: int
+    seq_len: int
+    grid: int
+    channels: int
+    enc: StackDims
+    dec: StackDims
+
+    @classmethod
+    def from_model(cls, model) -> "ModelDims":
+        def stack(blocks):
+            attn = blocks[0].attn
+            width = attn.qkv.in_features
+            return StackDims(len(blocks), attn.num_heads, width // attn.num_heads, width)
+        return cls(model.buffer_size, model.seq_len, int(round(model.seq_len ** 0.5)), model.token_embed_dim,
+                   stack(model.encoder_blocks), stack(model.decoder_blocks))
+
+    @property
+    def tokens(self) -> int:
+        return self.buffer + self.seq_len
+
+
+@dataclass(frozen=True)
+class VarLayout:
+    """One stored variable: named dims, shape, chunks, numpy storage dtype, fill value and attrs."""
+    name: str
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: str
+    fill: object
+    per_step: bool
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """A selection resolved against a model and a run: concrete indices and every variable's layout."""
+    samples: tuple[int, ...]
+    steps: tuple[int, ...]
+    branches: tuple[str, ...]
+    run_branches: tuple[str, ...]
+    layers: dict
+    dims: ModelDims
+    spec: SelectionSpec
+    variables: dict
+    sizes: dict
+
+    def step_index(self, step: int) -> int | None:
+        """Position of sampler step ``step`` on the store's step axis (None when not selected)."""
+        return self._step_pos.get(step)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_step_pos", {s: i for i, s in enumerate(self.steps)})
+
+
+def _check_subset(what: str, chosen, limit: int, hint: str) -> tuple[int, ...]:
+    bad = [i for i in chosen if i >= limit]
+    if bad:
+        raise ValueError(f"{what} {bad!r} out of range: expected indices in 0..{limit - 1} ({hint})")
+    return tuple(chosen)
+
+
+def _resolve_layers(spec: SelectionSpec, dims: ModelDims) -> dict:
+    layers = {}
+    for s in STACK_PREFIX:
+        depth = getattr(dims, s).depth
+        used = any(v.startswith(s + "_") for v in spec.variables) or (s == "dec" and "attn_gen" in spec.variables)
+        chosen = spec.layers if spec.layers is not None else tuple(range(depth))
+        if used:
+            _check_subset(f"{s} layer(s)", chosen, depth, f"the model has {depth} {s}oder blocks")
+        layers[s] = tuple(i for i in chosen if i < depth)
+    return layers
+
+
+def _dim_names(layers: dict, dims: ModelDims) -> dict:
+    """Per-stack dimension names: shared when both stacks agree, stack-prefixed otherwise."""
+    same = {"layer": layers["enc"] == layers["dec"], "head": dims.enc.heads == dims.dec.heads,
+            "d_head": dims.enc.d_head == dims.dec.d_head, "d_model": dims.enc.d_model == dims.dec.d_model}
+    return {s: {k: (k if ok else f"{s}_{k}") for k, ok in same.items()} for s in STACK_PREFIX}
+
+
+def resolve(spec: SelectionSpec, model_or_dims, *, num_samples: int, num_iter: int, cfg: float,
+            images: tuple[int, int, int] | None = None) -> RunLayout:
+    """Resolve ``spec`` for a run, with clear errors for out-of-range layers, steps, samples or branches."""
+    from ..probe.spec import BRANCHES
+    dims = model_or_dims if isinstance(model_or_dims, ModelDims) else ModelDims.from_model(model_or_dims)
+    samples = _check_subset("sample(s)", spec.samples or range(num_samples), num_samples,
+                            f"the run has {num_samples} samples")
+    steps = _check_subset("step(s)", spec.steps or range(num_iter), num_iter, f"the run has {num_iter} steps")
+    run_branches = BRANCHES if cfg != 1.0 else BRANCHES[:1]
+    branches = spec.branches or run_branches
+    if any(b not in run_branches for b in branches):
+        raise ValueError(f"branch(es) {branches!r} not in this run: cfg={cfg!r} gives branches {run_branches!r}")
+    if "z_cfg_resid" in spec.variables and len(run_branches) < 2:
+        raise ValueError(f"z_cfg_resid needs both CFG branches; expected cfg != 1, got cfg={cfg!r}")
+    layers = _resolve_layers(spec, dims)
+    sizes = dict(sample=len(samples), step=len(steps), branch=len(branches), token=dims.tokens,
+                 channel=dims.channels)
+    variables = _variables(spec, dims, layers, sizes, images)
+    return RunLayout(samples, steps, branches, run_branches, layers, dims, spec, variables, sizes)
+
+
+def _activation_dtype(spec: SelectionSpec):
+    if spec.dtype == "bfloat16":
+        return "uint16", BF16_NAN, {"mar_probe_dtype": "bfloat16"}
+    return spec.dtype, np.nan, {}
+
+
+def _stack_var_dims(name: str, dims: ModelDims, names: dict) -> list[tuple[str, int]]:
+    stack, quantity = name.split("_", 1)
+    st, nm = getattr(dims, stack), names[stack]
+    lead = [("branch", None), (nm["layer"], None), ("token", dims.tokens)]
+    if quantity in ("q", "k", "v"):
+        return lead + [(nm["head"], st.heads), (nm["d_head"], st.d_head)]
+    return lead + [(nm["d_model"], st.d_model)]
+
+
+def _activation_dims(name: str, dims: ModelDims, names: dict) -> list[tuple[str, int]]:
+    dm = (names["dec"]["d_model"], dims.dec.d_model)
+    if name == "z":
+        return [("branch", None), ("token", dims.tokens), dm]
+    if name == "z_cfg_resid":
+        return [("token", dims.tokens), dm]
+    if name == "attn_gen":
+        return [("branch", None), (names["dec"]["layer"], None), ("token", dims.tokens)]
+    return _stack_var_dims(name, dims, names)
+
+
+def _variables(spec, dims: ModelDims, layers: dict, sizes: dict, images) -> dict:
+    names = _dim_names(layers, dims)
+    for s in STACK_PREFIX:
+        sizes[names[s]["layer"]] = len(layers[s])
+    out = {}
+    dtype, fill, attrs = _activation_dtype(spec)
+    for v in spec.variables:
+        rest = [(d, n if n is not None else sizes[d]) for d, n in _activation_dims(v, dims, names)]
+        out[v] = _var(v, ["sample", "step"] + [d for d, _ in rest], sizes, [n for _, n in rest], dtype, fill,
+                      True, attrs)
+    step_vars = (("mask", "bool", False, ["token"]), ("pred", "bool", False, ["token"]),
+                 ("cfg", "float32", np.nan, []), ("done", "bool", False, []))
+    for v, dt, fl, extra in step_vars:
+        out[v] = _var(v, ["sample", "step"] + extra, sizes, [sizes[e] for e in extra], dt, fl, True)
+    out["order"] = _var("order", ["sample", "token"], sizes, [dims.tokens], "int32", -1, False)
+    out["tokens"] = _var("tokens", ["sample", "token", "channel"], sizes, [dims.tokens, dims.channels], "float32",
+                         np.nan, False)
+    if images is not None:
+        out["images"] = _var("images", ["sample", "y", "x", "color"], sizes, list(images), "uint8", 0, False)
+    out["complete"] = _var("complete", ["sample"], sizes, [], "bool", False, False)
+    return out
+
+
+def _var(name, dim_names, sizes, tail, dtype, fill, per_step, attrs=None) -> VarLayout:
+    lead = len(dim_names) - len(tail)
+    shape = tuple(sizes[d] for d in dim_names[:lead]) + tuple(tail)
+    chunks = (1,) * (2 if per_step else 1) + shape[(2 if per_step else 1):]
+    return VarLayout(name, tuple(dim_names), shape, chunks, dtype, fill, per_step, dict(attrs or {}))
+
+
+def estimate_size(spec: SelectionSpec, model, num_samples: int, num_iter: int, *, cfg: float = 2.0,
+                  images: tuple[int, int, int] | None = None) -> dict[str, int]:
+    """Uncompressed bytes each variable of a recording would take (``--dry-run``).
+
+    Parameters
+    ----------
+    spec : SelectionSpec
+    model : MAR or ModelDims
+    num_samples, num_iter : int
+        Samples of the run and MAR steps per sample.
+    cfg : float
+        Guidance scale: 1.0 records one branch, anything else two.
+    images : (height, width, channels), optional
+        Image shape when images are decoded.
+
+    Returns
+    -------
+    dict
+        Variable name -> bytes, in storage order.
+    """
+    layout = resolve(spec, model, num_samples=num_samples, num_iter=num_iter, cfg=cfg, images=images)
+    return {name: var.nbytes for name, var in layout.variables.items()}
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable byte count (binary units)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def coordinates(layout: RunLayout, labels, seeds) -> dict:
+    """Coordinate arrays of a run: sample (with label, seed), step, branch, layers, token (with row, col)."""
+    d = layout.dims
+    seq = np.arange(d.tokens)
+    img = seq - d.buffer
+    row = np.where(img >= 0, img // d.grid, -1)
+    col = np.where(img >= 0, img % d.grid, -1)
+    samples = np.asarray(layout.samples, dtype=np.int64)
+    coords = {"sample": ("sample", samples), "label": ("sample", np.asarray(labels, dtype=np.int64)[samples]),
+              "seed": ("sample", np.asarray(seeds, dtype=np.int64)[samples]),
+              "step": ("step", np.asarray(layout.steps, dtype=np.int64)),
+              "branch": ("branch", np.array(layout.branches, dtype=object)),
+              "token": ("token", seq), "row": ("token", row), "col": ("token", col)}
+    for s in STACK_PREFIX:
+        name = "layer" if layout.layers["enc"] == layout.layers["dec"] else f"{s}_layer"
+        coords[name] = (name, np.asarray(layout.layers[s], dtype=np.int64))
+    return coords
