@@ -14,7 +14,8 @@ import numpy as np
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", metavar="PRESET", help="build this preset with random weights (see `mar-probe presets`)")
+    g.add_argument("--model", metavar="PRESET", help="preset: alone, random weights; with --checkpoint, the "
+                   "architecture to load it into (default: read from the checkpoint)")
     g.add_argument("--checkpoint", metavar="PATH", help="local checkpoint (default: the embedded Fashion-MNIST model)")
     g.add_argument("--no-ema", action="store_true", help="load the non-EMA weights of a checkpoint")
     g.add_argument("--vae", metavar="PATH", help="local kl16.ckpt to decode ImageNet latents into images")
@@ -38,13 +39,12 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
 def build_model(args):
     """The model named by --model/--checkpoint (random preset, checkpoint, or the embedded default)."""
     from .models.checkpoints import create_model, load_model, resolve_device
-    if args.model and args.checkpoint:
-        raise ValueError("give --model PRESET or --checkpoint PATH, not both")
     steps = getattr(args, "num_sampling_steps", None)
-    if args.model:
+    if args.model and not args.checkpoint:
         over = {"num_sampling_steps": str(steps)} if steps else {}
         return create_model(args.model, **over).to(resolve_device(args.device)).eval()
-    return load_model(args.checkpoint, ema=not args.no_ema, device=args.device, num_sampling_steps=steps)
+    return load_model(args.checkpoint, preset=args.model, ema=not args.no_ema, device=args.device,
+                      num_sampling_steps=steps)
 
 
 def parse_labels(text: str | None, num_samples: int, num_classes: int) -> np.ndarray:

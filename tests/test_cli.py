@@ -47,8 +47,10 @@ def test_cuda_without_cuda_exits_nonzero(capsys, tmp_path):
 def test_checkpoint_of_another_preset_exits_nonzero(tmp_path, capsys):
     from mar_probe import create_model
     torch.save({"model_ema": create_model("mar_tiny_latent").state_dict()}, tmp_path / "c.pth")
-    rc = main(["generate", "--checkpoint", str(tmp_path / "c.pth"), "--out", str(tmp_path / "o")])
-    assert rc == 2 and "mar_tiny_latent" in capsys.readouterr().err
+    rc = main(["generate", "--checkpoint", str(tmp_path / "c.pth"), "--model", "mar_tiny", "--num-iter", "2",
+               "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "does not fit model 'mar_tiny'" in err and "fits preset 'mar_tiny_latent'" in err
 
 
 def test_help_reads_well(capsys):
