@@ -26,6 +26,8 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--num-samples", type=int, default=16, help="images to generate (default: 16)")
     g.add_argument("--labels", help="comma-separated class labels, cycled to --num-samples (default: 0,1,2,...)")
+    g.add_argument("--samples-per-class", type=int, metavar="K",
+                   help="K images of every class (or of each --labels entry); overrides --num-samples")
     g.add_argument("--seed", type=int, default=0, help="seed of the run's own generators (default: 0)")
     g.add_argument("--num-iter", type=int, default=64, help="MAR decoding steps (default: 64)")
     g.add_argument("--cfg", type=float, default=3.0, help="classifier-free guidance scale (default: 3.0)")
@@ -47,8 +49,10 @@ def build_model(args):
                       num_sampling_steps=steps)
 
 
-def parse_labels(text: str | None, num_samples: int, num_classes: int) -> np.ndarray:
-    """Labels from "3,5" (cycled to num_samples) or 0,1,2,... by default."""
+def parse_labels(text: str | None, num_samples: int, num_classes: int, per_class: int | None = None) -> np.ndarray:
+    """Labels from "3,5" (cycled to num_samples) or 0,1,2,... by default; ``per_class`` repeats each K times."""
+    if per_class is not None and per_class < 1:
+        raise ValueError(f"--samples-per-class must be >= 1, got {per_class!r}")
     if num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {num_samples!r}")
     if text:
@@ -58,6 +62,8 @@ def parse_labels(text: str | None, num_samples: int, num_classes: int) -> np.nda
             raise ValueError(f"--labels must be comma-separated integers, got {text!r}") from None
     else:
         base = list(range(num_classes))
+    if per_class is not None:
+        return np.repeat(np.array(base, dtype=np.int64), per_class)
     return np.resize(np.array(base, dtype=np.int64), num_samples)
 
 
@@ -78,7 +84,7 @@ def _cmd_generate(args) -> int:
     from .api import sample
     from .plot.grid import save_image_grid
     model = build_model(args)
-    labels = parse_labels(args.labels, args.num_samples, model.num_classes)
+    labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
     res = sample(model, labels, num_iter=args.num_iter, cfg=args.cfg, cfg_schedule=args.cfg_schedule,
                  temperature=args.temperature, seed=args.seed, rng=args.rng, batch_size=args.batch_size,
                  vae=_load_vae(args), progress=True)
@@ -154,8 +160,6 @@ def _add_record(p):
         if action.dest == "batch_size":
             action.default, action.help = 1, "samples per sampler run; part of the run's identity (default: 1)"
     p.add_argument("--out", default="runs/record.zarr", help="zarr store to write (default: runs/record.zarr)")
-    p.add_argument("--samples-per-class", type=int, metavar="K", help="K samples of every class in --labels "
-                   "(default classes: all); overrides --num-samples")
     p.add_argument("--strategy", default="full", help="sampling strategy (default: full)")
     g = p.add_argument_group("selection (flags override --spec)")
     g.add_argument("--spec", metavar="FILE", help="YAML/JSON selection spec (fields of SelectionSpec)")
@@ -180,15 +184,6 @@ def _selection_from_args(args):
     return spec.replace(**{k: v for k, v in flags.items() if v is not None})
 
 
-def _record_labels(args, num_classes: int) -> np.ndarray:
-    if args.samples_per_class is None:
-        return parse_labels(args.labels, args.num_samples, num_classes)
-    if args.samples_per_class < 1:
-        raise ValueError(f"--samples-per-class must be >= 1, got {args.samples_per_class!r}")
-    n = len([x for x in args.labels.split(",") if x.strip()]) if args.labels else num_classes
-    return np.repeat(parse_labels(args.labels, max(n, 1), num_classes), args.samples_per_class)
-
-
 def _cmd_record(args) -> int:
     import torch
     from .models.checkpoints import DEFAULT_CHECKPOINT
@@ -196,7 +191,8 @@ def _cmd_record(args) -> int:
     from .store.schema import estimate_size, format_bytes
     torch.manual_seed(args.seed)  # random-weight presets: the same weights in every shard and resumed process
     model = build_model(args)
-    labels, spec = _record_labels(args, model.num_classes), _selection_from_args(args)
+    labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
+    spec = _selection_from_args(args)
     vae = _load_vae(args)
     if args.dry_run:
         sizes = estimate_size(spec, model, len(labels), args.num_iter, cfg=args.cfg, images=image_shape(model, vae))
