@@ -16,7 +16,8 @@ class SampleResult:
     """What one call of :func:`sample` produced.
 
     ``tokens`` [B, C, H, W] float32 has the layout of the official ``sample_tokens`` output; ``images`` is
-    uint8 [B, H, W, C] when the model's tokens can be decoded (pixel tokens, or a VAE was given).
+    uint8 [B, H, W, C] when the model's tokens can be decoded (pixel tokens, or a VAE was given). ``cost`` is
+    :meth:`mar_probe.strategies.Timer.report`: seconds and FLOPs per component, per step and in total.
     """
     tokens: torch.Tensor
     labels: np.ndarray
@@ -24,6 +25,7 @@ class SampleResult:
     images: np.ndarray | None
     settings: dict
     timings: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=dict)
 
 
 def decode_images(model, tokens: torch.Tensor, vae=None) -> np.ndarray | None:
@@ -79,8 +81,9 @@ def sample(model, labels, *, num_iter: int = 64, cfg: float = 1.0, cfg_schedule:
         ``np.random.seed(seed); torch.manual_seed(seed)``.
     batch_size : int, optional
         Images per forward batch (default: all at once).
-    strategy : Strategy, optional
-        How each step is computed (default: the full baseline).
+    strategy : Strategy or str, optional
+        How each step is computed (default: the full baseline); a name is built with
+        :func:`mar_probe.strategies.create` and its default options.
     observers : sequence
         Objects notified at each step (the probe).
     vae : optional
@@ -89,6 +92,9 @@ def sample(model, labels, *, num_iter: int = 64, cfg: float = 1.0, cfg_schedule:
     labels = _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size)
     device = next(model.parameters()).device
     gen = SampleRNG.create(seed, rng, device)
+    if isinstance(strategy, str):
+        from .strategies import create
+        strategy = create(strategy)
     sampler = Sampler(model, strategy, observers, device)
     bs = batch_size or len(labels)
     outs, orders = [], []
@@ -102,4 +108,5 @@ def sample(model, labels, *, num_iter: int = 64, cfg: float = 1.0, cfg_schedule:
                     rng=rng, num_sampling_steps=model.diffloss.num_sampling_steps,
                     strategy=sampler.strategy.to_dict(), model=model.config.name)
     return SampleResult(tokens=tokens, labels=labels.numpy(), orders=np.concatenate(orders),
-                        images=decode_images(model, tokens, vae), settings=settings, timings=dict(sampler.timer.totals))
+                        images=decode_images(model, tokens, vae), settings=settings, timings=dict(sampler.timer.totals),
+                        cost=sampler.timer.report())

@@ -159,8 +159,10 @@ class Sampler:
         tokens = torch.zeros(bsz, m.seq_len, m.token_embed_dim, device=self.device)
         mask = torch.ones(bsz, m.seq_len, dtype=torch.bool, device=self.device)
         orders = rng.orders(bsz, m.seq_len, self.device)
+        num_iter = self.strategy.num_steps(num_iter)
         self.strategy.begin(m, bsz, num_iter)
         for step in tqdm(range(num_iter), disable=not progress, desc="steps", leave=False):
+            self.timer.begin_step(step)
             state = plan_step(m, step, num_iter, tokens, mask, orders, labels, cfg=cfg,
                               cfg_schedule=cfg_schedule, temperature=temperature)
             tokens = self.run_step(state, rng)
@@ -170,6 +172,7 @@ class Sampler:
     def run_step(self, state: StepState, rng: SampleRNG) -> torch.Tensor:
         """Compute one step and return the tokens after it [B, L, C]."""
         self._notify("step_begin", state)
+        state.extras["timer"] = self.timer                             # strategies count FLOPs into it
         z = self.strategy.transformer(self.model, state, self.timer)   # [B', L, D]
         z = z[state.to_pred_branches.nonzero(as_tuple=True)]           # [M', D], row-major as the reference
         with self.timer("head"):
@@ -178,6 +181,8 @@ class Sampler:
             sampled, _ = sampled.chunk(2, dim=0)                        # drop the unconditional copies
         tokens = state.tokens.clone()
         tokens[state.to_pred.nonzero(as_tuple=True)] = sampled
+        if self.timer.steps:
+            state.extras["cost"] = self.timer.steps[-1]                # this step's seconds and FLOPs
         self._notify("step_end", state, sampled)
         return tokens
 

@@ -1,0 +1,320 @@
+"""``lazymar``: LazyMAR (Yan et al., ICCV 2025) as its paper and released code (feihongyan1/LazyMAR) do it.
+
+Every constant of the released code is an option with the code's default:
+
+* Schedule: full computation while ``step < warmup_steps`` (5) and whenever ``(step - warmup_steps) %
+  refresh_interval == 0`` (9); the other steps are *cached* steps. Full steps compute both CFG branches of every
+  row and layer (bit-identical to ``full``) and refresh every cache.
+* Token cache, encoder: on cached steps only the buffer rows and the tokens decoded at the previous step are
+  computed; they attend to their fresh K/V and to the cached K/V of the other known tokens (cache-aware attention).
+  The decoder input of the other rows comes from the decoder-input cache.
+* Token cache, decoder: layers ``0..prune_layer-1`` and the attention of layer ``prune_layer`` (3) run on every row;
+  there the rows are ranked by the cosine similarity of their V to the cached V of the previous step (mean over
+  heads), generating and just-decoded tokens scored 0, and the ``max(generating + just-decoded + min_extra_tokens,
+  int(N * retain_schedule[step]))`` lowest kept (ascending sort, as the code). Kept rows run the rest of the decoder
+  against cached K/V of the others; the stack output of the others is zero, as in the code (only generating rows
+  are read by the head).
+* Condition cache: cached steps compute only the conditional branch; the unconditional last-layer hidden state is
+  the conditional one plus ``uncond - cond`` cached at the last full step.
+* Diffusion-head cache, within each step's diffusion sampling: the network runs in full (both CFG halves) at
+  reverse index ``i == T-1`` and ``i % head_interval == 0`` (7), storing each residual block's MLP output, the
+  increments of blocks ``head_delta_blocks`` (1-4) and ``cond_eps - uncond_eps``. In between only the conditional
+  half runs: delta blocks add their cached increment, other blocks reuse the cached MLP output with a fresh AdaLN
+  gate (recomputing it while ``i > head_warm_fraction * T``), and ``uncond_eps = cond_eps - cached difference``.
+
+Where the released code has no behaviour this follows the obvious extension: without CFG (the code needs it)
+no condition cache is used and the head cache runs on the single branch; a schedule shorter than the step count
+repeats its last ratio; a decoder with at most ``prune_layer`` layers prunes nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..models.diffloss import modulate
+from . import register
+from .base import StepPlan, Strategy, count_blocks, count_embeddings
+from .cost import head_eval_flops, linear_flops
+from .layers import KVCache, active_attention, block_mlp, full_block, gather_rows, rows_of, scatter_rows
+
+RETAIN_SCHEDULE = (1.0,) * 20 + (0.6,) + (0.5,) * 4 + (0.4,) * 5 + (0.15,) * 5 + (0.12,) * 5 + (0.05,) * 24
+
+
+@dataclass(frozen=True, kw_only=True)
+class LazyMARConfig:
+    """Options of :class:`LazyMARStrategy`, defaults from the released code (see the module docstring)."""
+    warmup_steps: int = 5
+    refresh_interval: int = 9
+    prune_layer: int = 3
+    min_extra_tokens: int = 15
+    retain_schedule: tuple[float, ...] = RETAIN_SCHEDULE
+    head_interval: int = 7
+    head_warm_fraction: float = 0.9
+    head_delta_blocks: tuple[int, ...] = (1, 2, 3, 4)
+    token_cache: bool = True
+    condition_cache: bool = True
+    head_cache: bool = True
+
+    def __post_init__(self):
+        for name, low in (("warmup_steps", 0), ("refresh_interval", 1), ("prune_layer", 0),
+                          ("min_extra_tokens", 0), ("head_interval", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"lazymar {name} must be an integer >= {low}, got {value!r}")
+        if not self.retain_schedule or any(not 0.0 <= r <= 1.0 for r in self.retain_schedule):
+            raise ValueError(f"lazymar retain_schedule must be a non-empty tuple of ratios in [0, 1], "
+                             f"got {self.retain_schedule!r}")
+        if not 0.0 <= self.head_warm_fraction <= 1.0:
+            raise ValueError(f"lazymar head_warm_fraction must be in [0, 1], got {self.head_warm_fraction!r}")
+        if any(not isinstance(j, int) or j < 0 for j in self.head_delta_blocks):
+            raise ValueError(f"lazymar head_delta_blocks must be block indices >= 0, got {self.head_delta_blocks!r}")
+
+
+@register("lazymar")
+class LazyMARStrategy(Strategy):
+    """LazyMAR: token cache, condition cache and diffusion-head cache (see the module docstring)."""
+
+    name = "lazymar"
+    Config = LazyMARConfig
+
+    def __init__(self, **options):
+        self.config = LazyMARConfig(**options)
+        self._reset()
+
+    def _reset(self):
+        self.enc_cache, self.dec_cache = KVCache(), KVCache()
+        self.dec_in = self.diff = self.prev_to_pred = None
+
+    @classmethod
+    def exact_options(cls, num_iter):
+        return {"refresh_interval": 1, "head_interval": 1}
+
+    def begin(self, model, batch_size, num_iter):
+        self._reset()
+
+    def is_full(self, step: int) -> bool:
+        """Whether ``step`` computes everything (warm-up or periodic refresh), as ``global_force_fresh``."""
+        c = self.config
+        return step < c.warmup_steps or (step - c.warmup_steps) % c.refresh_interval == 0 or self.dec_in is None
+
+    def transformer(self, model, state, timer):
+        derive = self.config.condition_cache and len(state.branches) == 2
+        rows = state.batch_size if derive else state.tokens_in.shape[0]   # branch rows computed on cached steps
+        if self.is_full(state.step):
+            z = self._full_step(model, state, timer, rows, derive)
+        else:
+            z = self._cached_step(model, state, timer, rows, derive)
+        self.prev_to_pred = state.to_pred
+        return z
+
+    # ---- full steps ------------------------------------------------------------------------------------
+    def _full_step(self, model, state, timer, rows, derive):
+        b, length = state.tokens_in.shape[0], model.buffer_size + model.seq_len
+        pos = state.enc_positions                                           # [B', Nenc]
+        with timer("encoder"):
+            x = model.encoder_input(state.tokens_in, state.mask_in, state.class_embedding)
+            for i, block in enumerate(model.encoder_blocks):
+                x, k, v = full_block(block, x)
+                self.enc_cache.store(i, k[:rows], v[:rows], pos[:rows], length)
+            x = model.encoder_norm(x)
+        with timer("decoder"):
+            x = model.decoder_input(x, state.mask_in)                       # [B', S+L, D]
+            self.dec_in = x[:rows].clone()
+            for i, block in enumerate(model.decoder_blocks):
+                x, k, v = full_block(block, x)
+                self.dec_cache.store(i, k[:rows], v[:rows], None, length)
+            if derive:
+                bsz = state.batch_size
+                self.diff = x[bsz:] - x[:bsz]                               # [B, S+L, D] uncond - cond
+            z = model.decoder_output(x)
+        n_enc = pos.shape[1]
+        count_embeddings(timer, model, b, n_enc)
+        count_blocks(timer, model, "encoder", b, n_enc, n_enc, layers=len(model.encoder_blocks))
+        count_blocks(timer, model, "decoder", b, length, length, layers=len(model.decoder_blocks))
+        state.extras["plan"] = StepPlan(refresh=True, computed=state.branches, rows={
+            "encoder": [n_enc] * len(model.encoder_blocks), "decoder": [length] * len(model.decoder_blocks)})
+        return z
+
+    # ---- cached steps ----------------------------------------------------------------------------------
+    def _cached_step(self, model, state, timer, rows, derive):
+        plan = StepPlan(refresh=False, computed=state.branches[:1] if derive else state.branches,
+                        derived=state.branches[1:] if derive else ())
+        prev = self._positions_mask(model, self.prev_to_pred, state, rows)  # [rows, S+L] decoded last step
+        with timer("encoder"):
+            self._encoder(model, state, timer, rows, prev, plan)
+        with timer("decoder"):
+            x = self._decoder(model, state, timer, rows, prev, plan)       # [rows, S+L, D]
+            if derive:
+                x = torch.cat([x, x + self.diff], dim=0)                    # [B', S+L, D]
+            z = model.decoder_output(x)
+        state.extras["plan"] = plan
+        return z
+
+    def _positions_mask(self, model, token_mask, state, rows):
+        """Token mask [B, L] -> [rows, S+L] over buffer + token positions (buffer False)."""
+        m = token_mask.repeat(len(state.branches), 1)[:rows]
+        return torch.cat([torch.zeros(rows, model.buffer_size, dtype=torch.bool, device=m.device), m], dim=1)
+
+    def _encoder(self, model, state, timer, rows, prev, plan):
+        """Buffer + just-decoded rows through the encoder; writes their decoder input into the cache."""
+        length = model.buffer_size + model.seq_len
+        x = model.encoder_input(state.tokens_in[:rows], state.mask_in[:rows], state.class_embedding[:rows])
+        pos = state.enc_positions[:rows]                                    # [rows, Nenc]
+        new = torch.gather(prev, 1, pos)
+        new[:, :model.buffer_size] = True                                   # buffer rows come first in pos
+        if not self.config.token_cache:
+            new[:] = True
+        act_idx, cached_idx = rows_of(new), rows_of(~new)                  # [rows, Na], [rows, Nc]
+        pos_a, pos_c = torch.gather(pos, 1, act_idx), torch.gather(pos, 1, cached_idx)
+        xa = gather_rows(x, act_idx)                                        # [rows, Na, D]
+        for i, block in enumerate(model.encoder_blocks):
+            kc, vc = self.enc_cache.fetch(i, pos_c)
+            xm, k, v = active_attention(block, xa, kc, vc)
+            xa = block_mlp(block, xm)
+            self.enc_cache.store(i, k, v, pos_a, length)
+        xa = model.decoder_embed(model.encoder_norm(xa)) + model.decoder_pos_embed_learned[0, pos_a]
+        scatter_rows(self.dec_in, pos_a, xa)
+        na, n_enc = act_idx.shape[1], pos.shape[1]
+        count_blocks(timer, model, "encoder", rows, na, n_enc, layers=len(model.encoder_blocks))
+        count_embeddings(timer, model, rows, 0)
+        timer.add_flops("decoder.linear", rows * linear_flops(na, model.decoder_embed.in_features,
+                                                              model.decoder_embed.out_features))
+        plan.rows["encoder"] = [na] * len(model.encoder_blocks)
+        plan.active["encoder"] = torch.zeros_like(prev).scatter_(1, pos_a, True)
+
+    def _decoder(self, model, state, timer, rows, prev, plan):
+        """Decoder on the cached decoder input: all rows up to the prune layer, the kept rows after it."""
+        blocks, p = model.decoder_blocks, self.config.prune_layer
+        x = self.dec_in.clone()                                             # [rows, S+L, D]
+        n = x.shape[1]
+        for i in range(min(p, len(blocks))):
+            x, k, v = full_block(blocks[i], x)
+            self.dec_cache.store(i, k, v, None, n)
+        if p >= len(blocks):
+            count_blocks(timer, model, "decoder", rows, n, n, layers=len(blocks))
+            plan.rows["decoder"] = [n] * len(blocks)
+            return x
+        x, keep = self._prune_layer(blocks[p], x, state, rows, prev)        # x [rows, Nk, D], keep [rows, Nk]
+        keep_c = rows_of(~torch.zeros_like(prev).scatter_(1, keep, True))   # [rows, N - Nk]
+        for i in range(p + 1, len(blocks)):
+            kc, vc = self.dec_cache.fetch(i, keep_c)
+            xm, k, v = active_attention(blocks[i], x, kc, vc)
+            x = block_mlp(blocks[i], xm)
+            self.dec_cache.store(i, k, v, keep, n)
+        nk = keep.shape[1]
+        count_blocks(timer, model, "decoder", rows, n, n, layers=p)
+        count_blocks(timer, model, "decoder", rows, n, n, layers=1, mlp_rows=nk)
+        count_blocks(timer, model, "decoder", rows, nk, n, layers=len(blocks) - p - 1)
+        plan.rows["decoder"] = [n] * (p + 1) + [nk] * (len(blocks) - p - 1)
+        plan.active["decoder"] = torch.zeros_like(prev).scatter_(1, keep, True)
+        return scatter_rows(torch.zeros_like(self.dec_in), keep, x)
+
+    def _prune_layer(self, block, x, state, rows, prev):
+        """Layer ``prune_layer``: attention on all rows, then keep the rows whose V changed most; MLP on them."""
+        p = self.config.prune_layer
+        q, k, v = block.attn.qkv_heads(block.norm1(x))
+        v_old = self.dec_cache.v[p]
+        self.dec_cache.store(p, k, v, None, x.shape[1])
+        x = block.hook_resid_mid(x + block.attn.project(block.attn.attend(q, k, v)))
+        score = F.cosine_similarity(v, v_old, dim=-1).mean(dim=1)          # [rows, S+L]
+        gen = self._gen_mask(state, rows, x.shape[1])                       # [rows, S+L]
+        score[gen] = 0
+        score[prev] = 0
+        order = torch.sort(score, dim=-1, descending=False).indices
+        sched = self.config.retain_schedule
+        ratio = sched[min(state.step, len(sched) - 1)]
+        n_gen, n_prev = int(gen[0].sum()), int(prev[0].sum())
+        fresh = max(n_gen + n_prev + self.config.min_extra_tokens, int(x.shape[1] * ratio))
+        if not self.config.token_cache:
+            fresh = x.shape[1]
+        keep = order[:, :fresh].sort(dim=-1).values                         # [rows, Nk] in position order
+        return block_mlp(block, gather_rows(x, keep)), keep
+
+    @staticmethod
+    def _gen_mask(state, rows, n):
+        """Generating tokens [rows, S+L] (buffer False)."""
+        g = state.to_pred_branches[:rows]
+        return torch.cat([torch.zeros(rows, n - g.shape[1], dtype=torch.bool, device=g.device), g], dim=1)
+
+    # ---- diffusion head ---------------------------------------------------------------------------------
+    def head_sample(self, model, z, state, rng):
+        if not self.config.head_cache:
+            return super().head_sample(model, z, state, rng)
+        diff = model.diffloss
+        head = _HeadCache(self.config, diff.net, diff.gen_diffusion.num_timesteps)
+        out = diff.sample(z, state.temperature, state.cfg_iter, generator=rng.noise, init_generator=rng.init_noise,
+                          denoise_fn=head.denoise)
+        timer = state.extras.get("timer")
+        if timer is not None:
+            timer.add_flops("head.linear", head.flops)
+        state.extras.setdefault("plan", StepPlan(refresh=True)).head = {"full": head.full, "cached": head.cached}
+        return out
+
+
+class _HeadCache:
+    """One step's diffusion-head cache (the released ``CachedDiffLoss`` logic); ``denoise`` is the net call."""
+
+    def __init__(self, config: LazyMARConfig, net, num_timesteps: int):
+        self.c, self.net, self.T = config, net, num_timesteps
+        self.mlp: dict[int, torch.Tensor] = {}
+        self.delta: dict[int, torch.Tensor] = {}
+        self.cfg_delta = None
+        self.full = self.cached = self.flops = 0
+
+    def recompute(self, i: int) -> bool:
+        return i == self.T - 1 or i % self.c.head_interval == 0
+
+    def denoise(self, x, t, z, cfg, i):
+        """Network output [N, 2C] for noisy x [N, C] at reverse index ``i`` (CFG halves when ``cfg`` is set)."""
+        c = self.net.in_channels
+        if cfg is None:
+            return self.forward(x, t, z, i)
+        n = x.shape[0] // 2
+        half = x[:n]
+        if self.recompute(i):
+            out = self.forward(torch.cat([half, half], dim=0), t, z, i)
+            eps, rest = out[:, :c], out[:, c:]
+            cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
+            self.cfg_delta = cond - uncond
+            half_eps = uncond + cfg * (cond - uncond)
+            return torch.cat([torch.cat([half_eps, half_eps], dim=0), rest], dim=1)
+        out = self.forward(half, t[:n], z[:n], i)
+        cond, rest = out[:, :c], out[:, c:]
+        uncond = cond - self.cfg_delta
+        half_eps = uncond + cfg * (cond - uncond)
+        return torch.cat([torch.cat([half_eps, half_eps], dim=0), torch.cat([rest, rest], dim=0)], dim=1)
+
+    def forward(self, x, t, c, i):
+        """``SimpleMLPAdaLN.forward`` with MLP reuse (op for op the same on recompute indices)."""
+        net, full = self.net, self.recompute(i)
+        warm = full or i > self.c.head_warm_fraction * self.T
+        x = net.input_proj(x)
+        y = net.time_embed(t) + net.cond_embed(c)
+        n, ada, mlp = x.shape[0], 0, 0
+        for j, block in enumerate(net.res_blocks):
+            if not full and j in self.c.head_delta_blocks:
+                x = x + _fit(self.delta[j], n)
+                continue
+            shift, scale, gate = block.adaLN_modulation(y).chunk(3, dim=-1)
+            ada += 1
+            if warm:
+                m = self.mlp[j] = block.mlp(modulate(block.in_ln(x), shift, scale))
+                mlp += 1
+            else:
+                m = _fit(self.mlp[j], n)
+            x_new = x + gate * m
+            if full and j in self.c.head_delta_blocks:
+                self.delta[j] = x_new - x
+            x = x_new
+        self.full, self.cached = self.full + full, self.cached + (not full)
+        self.flops += head_eval_flops(net, n, mlp_blocks=mlp, ada_blocks=ada)
+        return net.final_layer(x, y)
+
+
+def _fit(cached: torch.Tensor, n: int) -> torch.Tensor:
+    """A cached [M, W] tensor fitted to n rows as the released code does (first rows, or repeated)."""
+    if n < cached.shape[0]:
+        return cached[:n]
+    return torch.cat([cached, cached]) if n > cached.shape[0] else cached
