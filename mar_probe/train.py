@@ -149,6 +149,9 @@ def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen,
         print(f"\ninterrupted at iteration {it}: saving {ckpt_path}")
     save_checkpoint(ckpt_path, model, ema, opt, it, cfg, history, rng_state())
     (ckpt_path.parent / "loss_history.json").write_text(json.dumps(history))
+    if history:
+        from .plot.training import plot_loss_curve
+        plot_loss_curve(history, ckpt_path.parent / "loss_curve.png")
 
 
 def export_ema(checkpoint: str | Path, out: str | Path) -> Path:

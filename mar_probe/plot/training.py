@@ -1,0 +1,38 @@
+"""Training curves."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def plot_loss_curve(history, path=None, ax=None, window: int = 50):
+    """Plot the training loss (raw and a moving average) against iterations.
+
+    Parameters
+    ----------
+    history : sequence of [iteration, loss, seconds]
+        As stored in a training checkpoint's ``loss_history``.
+    path : str or Path, optional
+        Save the figure here.
+    ax : matplotlib Axes, optional
+    window : int
+        Width of the moving average.
+    """
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    h = np.asarray(history, dtype=float)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(h[:, 0], h[:, 1], lw=0.5, alpha=0.35, label="loss per iteration")
+    if len(h) >= window:
+        smooth = np.convolve(h[:, 1], np.ones(window) / window, mode="valid")
+        ax.plot(h[window - 1:, 0], smooth, lw=1.5, label=f"moving average ({window})")
+    ax.set(xlabel="iteration", ylabel="diffusion loss (MSE + VB)", yscale="log",
+           title=f"training loss, {h[-1, 2] / 60:.0f} min wall time")
+    ax.legend()
+    ax.figure.tight_layout()
+    if path is not None:
+        ax.figure.savefig(Path(path), dpi=120)
+    return ax
