@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..api import _validate, decode_images
 from ..sampler import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
-from ..store.writer import StoreWriter, create_store, read_flags
+from ..store.writer import StoreExistsError, StoreWriter, WriteError, create_store, read_flags
 from .probe import Probe
 from .spec import SelectionSpec
 
@@ -167,17 +168,20 @@ def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite
         raise FileNotFoundError(f"cannot resume: store {str(out)!r} does not exist; expected a store written by "
                                 "an earlier `mar-probe record` with the same settings")
     if out.exists() and not overwrite:
-        raise FileExistsError(f"store {str(out)!r} already exists; pass --resume to complete it or --overwrite "
+        raise StoreExistsError(f"store {str(out)!r} already exists; pass --resume to complete it or --overwrite "
                               "to replace it")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    create_store(tmp, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=True)
+    try:
+        create_store(tmp, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(f"creating the store {str(out)!r} failed: {type(exc).__name__}: {exc}; nothing was "
+                         "written there") from exc
     if overwrite and out.exists():
-        import shutil
         shutil.rmtree(out)
     try:
         os.rename(tmp, out)
     except OSError:  # another shard created it first
-        import shutil
         shutil.rmtree(tmp, ignore_errors=True)
         check_identity(out, attrs)
 

@@ -31,18 +31,22 @@ def compressors():
     return (BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"),)
 
 
+class StoreExistsError(FileExistsError, ValueError):
+    """The store exists and neither resuming nor overwriting was asked for."""
+
+
 def create_store(path: str | Path, layout: RunLayout, *, labels, seeds, attrs: dict, overwrite: bool = False):
     """Create the store at ``path`` with every array, coordinate and attribute, and no data.
 
     Raises
     ------
-    FileExistsError
+    StoreExistsError
         When ``path`` exists and ``overwrite`` is False.
     """
     path = Path(path)
     if path.exists():
         if not overwrite:
-            raise FileExistsError(f"store {str(path)!r} already exists; pass --resume to complete it or "
+            raise StoreExistsError(f"store {str(path)!r} already exists; pass --resume to complete it or "
                                   "--overwrite to replace it")
         shutil.rmtree(path)
     coords = coordinates(layout, labels, seeds)
