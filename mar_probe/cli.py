@@ -78,16 +78,30 @@ def _add_generate(p):
     _add_model_flags(p)
     _add_sampling_flags(p)
     p.add_argument("--out", default="runs/generate", help="output folder (default: runs/generate)")
+    p.add_argument("--strategy", default="full", help="sampling strategy (default: full)")
+    _add_strategy_opt(p)
+
+
+def _add_strategy_opt(p) -> None:
+    p.add_argument("--strategy-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="strategy option, repeatable (e.g. budget=32); a wrong key lists the valid ones")
+
+
+def _strategy_from_args(args):
+    """The strategy object named by --strategy with its --strategy-opt options."""
+    from .strategies import create, parse_options
+    return create(args.strategy, **parse_options(args.strategy, args.strategy_opt))
 
 
 def _cmd_generate(args) -> int:
     from .api import sample
     from .plot.grid import save_image_grid
+    strategy = _strategy_from_args(args)
     model = build_model(args)
     labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
     res = sample(model, labels, num_iter=args.num_iter, cfg=args.cfg, cfg_schedule=args.cfg_schedule,
                  temperature=args.temperature, seed=args.seed, rng=args.rng, batch_size=args.batch_size,
-                 vae=_load_vae(args), progress=True)
+                 strategy=strategy, vae=_load_vae(args), progress=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tokens = res.tokens.flatten(2).transpose(1, 2).numpy().astype(np.float32)  # [N, seq_len, token_dim]
@@ -97,6 +111,7 @@ def _cmd_generate(args) -> int:
         save_image_grid(res.images, out / "grid.png", labels=res.labels)
     np.savez(out / "samples.npz", **arrays)
     (out / "settings.json").write_text(json.dumps(dict(res.settings, timings=res.timings), indent=2))
+    (out / "cost.json").write_text(json.dumps(dict(strategy=res.settings["strategy"], **res.cost), indent=2))
     print(f"wrote {len(labels)} samples to {out / 'samples.npz'}" + (" and grid.png" if res.images is not None else
           " (no images: pass --vae PATH to decode latents)"))
     return 0
@@ -161,6 +176,7 @@ def _add_record(p):
             action.default, action.help = 1, "samples per sampler run; part of the run's identity (default: 1)"
     p.add_argument("--out", default="runs/record.zarr", help="zarr store to write (default: runs/record.zarr)")
     p.add_argument("--strategy", default="full", help="sampling strategy (default: full)")
+    _add_strategy_opt(p)
     g = p.add_argument_group("selection (flags override --spec)")
     g.add_argument("--spec", metavar="FILE", help="YAML/JSON selection spec (fields of SelectionSpec)")
     g.add_argument("--vars", help="comma-separated variables, e.g. dec_k,dec_v,z_cfg_resid,attn_gen")
@@ -204,7 +220,7 @@ def _cmd_record(args) -> int:
     checkpoint = None if args.model else (args.checkpoint or DEFAULT_CHECKPOINT)
     res = record(model, labels, args.out, spec, seed=args.seed, num_iter=args.num_iter, cfg=args.cfg,
                  cfg_schedule=args.cfg_schedule, temperature=args.temperature, rng=args.rng,
-                 batch_size=args.batch_size, strategy=args.strategy, vae=vae, checkpoint=checkpoint,
+                 batch_size=args.batch_size, strategy=_strategy_from_args(args), vae=vae, checkpoint=checkpoint,
                  resume=args.resume, overwrite=args.overwrite, shard=args.shard, queue_size=args.queue_size,
                  progress=True)
     print(f"wrote {res.samples_written} samples ({res.samples_skipped} already complete) to {res.path}: "

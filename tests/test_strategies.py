@@ -170,3 +170,18 @@ def test_lazymar_caches_follow_the_released_schedule(deep_tiny):
             assert plan.computed == ("cond",) and plan.derived == ("uncond",)
             assert plan.active["decoder"][:, 4:][to_pred].all()
     assert res.cost["totals"]["flops_total"] < _run(deep_tiny, "full").cost["totals"]["flops_total"]
+
+
+def test_cli_generate_with_strategy_writes_cost_json(tmp_path, capsys):
+    import json
+
+    from mar_probe import cli
+    args = ["generate", "--model", "mar_tiny", "--num-samples", "1", "--num-iter", "3", "--num-sampling-steps", "2",
+            "--strategy", "marche", "--strategy-opt", "budget=20", "--strategy-opt", "selection=random",
+            "--out", str(tmp_path)]
+    assert cli.main(args) == 0
+    cost = json.loads((tmp_path / "cost.json").read_text())
+    assert cost["strategy"]["budget"] == 20 and cost["strategy"]["selection"] == "random"
+    assert len(cost["steps"]) == 3 and cost["totals"]["flops_total"] > 0
+    assert cli.main(args[:-2] + ["--strategy-opt", "budjet=3", "--out", str(tmp_path)]) == 2
+    assert "valid options: budget: int = 64" in capsys.readouterr().err
