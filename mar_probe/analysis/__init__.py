@@ -1,0 +1,21 @@
+"""Measurements of redundancy in MAR decoding from a recorded run (lazy, chunk by chunk).
+
+Every function takes xarray objects as returned by :func:`mar_probe.store.open_run` and returns lazy
+(dask-backed) results; nothing loads a whole variable. Layers and steps are the store's 0-based coordinates
+(the papers count layers from 1: MARché's "Layer 2" is ``layer=1``). Importing this package registers the
+``ds.probe`` accessor.
+"""
+from . import accessor  # noqa: F401  (registers ds.probe)
+from ._checks import check_values, require
+from .categories import CATEGORIES, category_masks, token_categories
+from .cfg import adjacent_mse, cfg_residual_mse
+from .overlap import topk_overlap_layers, topk_overlap_steps
+from .selection import (CANDIDATES, attention_selector, lazymar_selector, selection_vs_drift, set_overlap,
+                        topk_rank)
+from .stability import THRESHOLDS, cosine_stability, drift, step_pairs, summarize_stability
+from .stats import aggregate
+
+__all__ = ["CANDIDATES", "CATEGORIES", "THRESHOLDS", "adjacent_mse", "aggregate", "attention_selector",
+           "category_masks", "cfg_residual_mse", "check_values", "cosine_stability", "drift", "lazymar_selector",
+           "require", "selection_vs_drift", "set_overlap", "step_pairs", "summarize_stability",
+           "token_categories", "topk_overlap_layers", "topk_overlap_steps", "topk_rank"]

@@ -1,0 +1,228 @@
+"""Analysis against plain numpy loops on a small synthetic run; categories; bad inputs; `mar-probe figures`."""
+import numpy as np
+import pytest
+import xarray as xr
+
+import mar_probe.analysis as A
+
+S_BUF, GRID, STEPS, LAYERS, HEADS, DH, DM = 2, 3, 4, 3, 2, 4, 6
+N = S_BUF + GRID * GRID
+UNKNOWN_AFTER = (6, 3, 1, 0)   # image tokens still unknown after each step (cosine-like schedule)
+
+
+def _masks(order):
+    """mask (unknown before) and pred (generated at) per step from a generation rank, as the sampler does."""
+    mask, pred = np.zeros((STEPS, N), bool), np.zeros((STEPS, N), bool)
+    before = GRID * GRID
+    for s, after in enumerate(UNKNOWN_AFTER):
+        mask[s, S_BUF:] = order < before
+        pred[s, S_BUF:] = (order < before) & (order >= after)
+        before = after
+    return mask, pred
+
+
+def synthetic_run(seed=0, samples=3, chunked=True):
+    """A dataset with the store's dims, coordinates and variable names; random activations."""
+    rng = np.random.default_rng(seed)
+    orders = np.stack([rng.permutation(GRID * GRID) for _ in range(samples)])
+    mp = [_masks(o) for o in orders]
+    tok = np.arange(N)
+    img = tok - S_BUF
+    coords = {"sample": np.arange(samples), "seed": ("sample", 100 + np.arange(samples)),
+              "step": np.arange(STEPS), "branch": ["cond", "uncond"], "layer": np.arange(LAYERS),
+              "token": tok, "row": ("token", np.where(img >= 0, img // GRID, -1)),
+              "col": ("token", np.where(img >= 0, img % GRID, -1))}
+    lead = ("sample", "step", "branch")
+    kv_shape = (samples, STEPS, 2, LAYERS, N, HEADS, DH)
+    z = rng.normal(size=(samples, STEPS, 2, N, DM)).astype(np.float32)
+    z[:, :, :, :S_BUF] = np.nan
+    data = {"dec_k": (lead + ("layer", "token", "head", "d_head"), rng.normal(size=kv_shape).astype(np.float16)),
+            "dec_v": (lead + ("layer", "token", "head", "d_head"), rng.normal(size=kv_shape).astype(np.float16)),
+            "z": (lead + ("token", "d_model"), z),
+            "z_cfg_resid": (("sample", "step", "token", "d_model"), z[:, :, 0] - z[:, :, 1]),
+            "attn_gen": (lead + ("layer", "token"), rng.random((samples, STEPS, 2, LAYERS, N)).astype(np.float32)),
+            "mask": (("sample", "step", "token"), np.stack([m for m, _ in mp])),
+            "pred": (("sample", "step", "token"), np.stack([p for _, p in mp])),
+            "order": (("sample", "token"), np.concatenate([-np.ones((samples, S_BUF), int), orders], 1))}
+    ds = xr.Dataset(data, coords)
+    return ds.chunk({"sample": 1, "step": 1}) if chunked else ds
+
+
+@pytest.fixture(scope="module")
+def run():
+    return synthetic_run()
+
+
+def _np_cos(a, b):
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return a @ b / np.sqrt((a @ a) * (b @ b))
+
+
+def test_categories_match_definitions(run):
+    codes = A.token_categories(run).values
+    names = np.array(A.CATEGORIES)[codes]
+    mask, pred = run["mask"].values, run["pred"].values
+    for i in range(run.sizes["sample"]):
+        for s in range(STEPS):
+            for t in range(N):
+                if t < S_BUF:
+                    want = "buffer"
+                elif pred[i, s, t]:
+                    want = "t"
+                elif mask[i, s, t]:
+                    want = ">t"
+                elif s > 0 and pred[i, s - 1, t]:
+                    want = "t-1"
+                else:
+                    want = "<t-1"
+                assert names[i, s, t] == want, (i, s, t)
+    assert (names[:, 0, S_BUF:] != "<t-1").all() and (names == "t-1").any() and (names == "<t-1").any()
+
+
+def test_categories_without_previous_step_are_unknown(run):
+    names = np.array(A.CATEGORIES)[A.token_categories(run.sel(step=[0, 2])).values]
+    known_before = ~run["mask"].sel(step=2).values & (run["token"].values >= S_BUF)
+    assert (names[:, 1][known_before] == "unknown").all()
+
+
+def test_cosine_stability_matches_numpy_loop(run):
+    got = A.cosine_stability(run["dec_k"], lag=2).compute()
+    assert got.dims == ("sample", "step", "branch", "layer", "token") and list(got["step"].values) == [2, 3]
+    x = run["dec_k"].values
+    for i, s, b, l, t in [(0, 2, 0, 0, 3), (2, 3, 1, 2, 10), (1, 3, 0, 1, 0)]:
+        assert got.sel(sample=i, step=s, layer=l, token=t).isel(branch=b).item() == pytest.approx(
+            _np_cos(x[i, s, b, l, t], x[i, s - 2, b, l, t]), rel=1e-5)
+    per_head = A.cosine_stability(run["dec_k"], dim="d_head").values
+    assert per_head[0, 0, 0, 1, 4, 1] == pytest.approx(_np_cos(x[0, 1, 0, 1, 4, 1], x[0, 0, 0, 1, 4, 1]), rel=1e-5)
+
+
+def test_cosine_known_answers():
+    ds = synthetic_run(chunked=False)
+    k = ds["dec_k"].values.copy()
+    k[:, 1] = 3 * k[:, 0]
+    k[:, 2] = -k[:, 1]
+    cos = A.cosine_stability(ds.assign(dec_k=(ds["dec_k"].dims, k))["dec_k"]).values
+    np.testing.assert_allclose(cos[:, 0], 1, atol=1e-3)
+    np.testing.assert_allclose(cos[:, 1], -1, atol=1e-3)
+    l2 = A.drift(ds.assign(dec_k=(ds["dec_k"].dims, k))["dec_k"], metric="l2").values
+    np.testing.assert_allclose(l2[:, 0], 2, rtol=1e-3)
+
+
+def test_stability_summary_matches_loop(run):
+    cos = A.cosine_stability(run["dec_v"])
+    cats = A.token_categories(run)
+    summ = A.summarize_stability(cos, cats, dim=("token", "branch"), thresholds=(0.0, 0.5)).compute()
+    c, codes = cos.values, cats.values
+    i, s, l = 1, 2, 1
+    for name in ("t", "t-1", ">t", "buffer"):
+        sel = codes[i, s] == A.CATEGORIES.index(name)
+        vals = c[i, s - 1, :, l][:, sel].ravel()
+        got = summ.sel(sample=i, step=s, layer=l, category=name)
+        assert got["mean"].item() == pytest.approx(vals.mean(), rel=1e-6)
+        assert got["share"].sel(threshold=0.0).item() == pytest.approx((vals > 0).mean())
+        assert got["count"].item() == vals.size
+
+
+def test_cfg_residual_mse_matches_loop(run):
+    out = A.cfg_residual_mse(run).compute()
+    z = run["z"].values.astype(np.float64)
+    for i, s in [(0, 1), (2, 3)]:
+        d = z[i, s, :, S_BUF:] - z[i, s - 1, :, S_BUF:]
+        cond, uncond = (d[0] ** 2).mean(), (d[1] ** 2).mean()
+        resid = ((d[0] - d[1]) ** 2).mean()
+        got = out.sel(sample=i, step=s)
+        assert got["cond"].item() == pytest.approx(cond, rel=1e-5)
+        assert got["uncond"].item() == pytest.approx(uncond, rel=1e-5)
+        assert got["residual"].item() == pytest.approx(resid, rel=1e-5)
+        assert got["ratio_cond"].item() == pytest.approx(cond / resid, rel=1e-5)
+
+
+def test_cfg_residual_known_ratio():
+    ds = synthetic_run(chunked=False)
+    z = ds["z"].values.copy()
+    z[:, :, 1] = z[:, :, 0] - 0.1 * z[:, :1, 0]         # residual 0.1 * z(step 0): constant across steps
+    z[:, :, 1, :, :2] += 1e-3 * np.arange(STEPS)[None, :, None, None]  # tiny drift of the residual
+    out = A.cfg_residual_mse(ds.assign(z=(ds["z"].dims, z)).drop_vars("z_cfg_resid")).compute()
+    assert (out["ratio_cond"] > 1e3).all()
+
+
+def _np_topk(score, eligible, k):
+    s = np.where(eligible, score, -np.inf)
+    return set(np.argsort(-s, kind="stable")[:min(k, eligible.sum())].tolist())
+
+
+def test_topk_overlap_layers_and_steps_match_loop(run):
+    got = A.topk_overlap_layers(run, k=[2, 4], ref_layer=1).values
+    steps = A.topk_overlap_steps(run, k=3).values
+    attn, pred = run["attn_gen"].sel(branch="cond").values, run["pred"].values
+    for i in range(3):
+        for s in range(STEPS):
+            for l in range(LAYERS):
+                for j, k in enumerate((2, 4)):
+                    a, r = _np_topk(attn[i, s, l], ~pred[i, s], k), _np_topk(attn[i, s, 1], ~pred[i, s], k)
+                    assert got[i, s, l, j] == pytest.approx(len(a & r) / k)
+                if s:
+                    a = _np_topk(attn[i, s, l], np.ones(N, bool), 3)
+                    b = _np_topk(attn[i, s - 1, l], np.ones(N, bool), 3)
+                    assert steps[i, s - 1, l] == pytest.approx(len(a & b) / 3)
+    assert (got[:, :, 1] == 1).all()
+
+
+def test_selection_vs_drift_matches_loop(run):
+    actual = A.drift(run["dec_k"].sel(branch="cond", drop=True))
+    sel = A.attention_selector(run, layer=0)
+    cats = A.token_categories(run)
+    out = A.selection_vs_drift(sel, actual, cats, k=[2, 3]).compute()
+    thr = A.selection_vs_drift(sel, actual, cats, k=[2], threshold=0.9).compute()
+    a, d, codes = sel.values, actual.values, cats.values
+    cand = np.isin(codes, [A.CATEGORIES.index(c) for c in A.CANDIDATES])
+    for i, s, l in [(0, 1, 1), (2, 3, 2), (1, 2, 0)]:
+        el = cand[i, s]
+        for j, k in enumerate((2, 3)):
+            top_a, top_d = _np_topk(a[i, s], el, k), _np_topk(d[i, s - 1, l], el, k)
+            got = out.isel(k=j).sel(sample=i, step=s, layer=l)
+            assert got["precision"].item() == pytest.approx(len(top_a & top_d) / len(top_a))
+            assert got["jaccard"].item() == pytest.approx(len(top_a & top_d) / len(top_a | top_d))
+            assert got["random_recall"].item() == pytest.approx(len(top_a) / el.sum())
+        drifting = set(np.flatnonzero(el & (d[i, s - 1, l] > 0.9)).tolist())
+        top_a = _np_topk(a[i, s], el, 2)
+        got = thr.isel(k=0).sel(sample=i, step=s, layer=l)
+        if drifting:
+            assert got["recall"].item() == pytest.approx(len(top_a & drifting) / len(drifting))
+        assert got["precision"].item() == pytest.approx(len(top_a & drifting) / 2)
+
+
+def test_perfect_selector_has_full_precision(run):
+    actual = A.drift(run["dec_k"].sel(branch="cond", drop=True)).sel(layer=2)
+    out = A.selection_vs_drift(actual, actual, A.token_categories(run), k=[1, 2]).compute()
+    assert (out["precision"] == 1).all() and (out["jaccard"] == 1).all()
+
+
+def test_aggregate_t_and_bootstrap():
+    x = xr.DataArray(np.array([[1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 5.0, np.nan]]).T, dims=("sample", "step"))
+    t = A.aggregate(x)
+    from scipy import stats
+    half = stats.t.ppf(0.975, 3) * np.std([1, 2, 3, 4], ddof=1) / 2
+    assert t["mean"].values[0] == 2.5 and t["hi"].values[0] == pytest.approx(2.5 + half)
+    assert t["n"].values.tolist() == [4, 3] and t["lo"].values[1] == pytest.approx(5)
+    b = A.aggregate(x, method="bootstrap", n_boot=200)
+    assert 1 <= b["lo"].values[0] <= 2.5 <= b["hi"].values[0] <= 4
+
+
+def test_accessor_forwards(run):
+    np.testing.assert_array_equal(run.probe.categories().values, A.token_categories(run).values)
+    assert run.probe.selection_vs_drift(layer=0, k=2)["precision"].sizes["layer"] == LAYERS - 1
+    assert float(run.probe.cfg_mse()["cond"].mean()) > 0
+
+
+def test_bad_inputs_name_flags_and_list_what_is_there(run):
+    with pytest.raises(KeyError, match=r"mar-probe record --vars attn_gen"):
+        A.topk_overlap_layers(run.drop_vars("attn_gen"))
+    with pytest.raises(ValueError, match=r"layer \[7\] not in the store; it has layer \[0, 1, 2\]"):
+        A.attention_selector(run, layer=7)
+    with pytest.raises(ValueError, match=r"steps \[0, 1, 2, 3\]"):
+        A.cosine_stability(run["dec_k"], lag=9)
+    with pytest.raises(ValueError, match="branch"):
+        A.cfg_residual_mse(run.sel(branch=["cond"]))
+    with pytest.raises(ValueError, match="'nope'"):
+        A.category_masks(A.token_categories(run), ["nope"])
