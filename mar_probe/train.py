@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .models import MAR, preset_config
+from .models.checkpoints import read_checkpoint
 from .models.tokenizer import PixelTokenizer
 
 
@@ -109,7 +110,7 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
     gen, np_rng = torch.Generator().manual_seed(cfg.seed), np.random.default_rng(cfg.seed)
     start, history = 0, []
     if resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        state = read_checkpoint(ckpt_path)
         model.load_state_dict(state["model"]); ema.load_state_dict(state["model_ema"])
         opt.load_state_dict(state["optimizer"])
         start, history = state["epoch"], list(state["loss_history"])
@@ -156,7 +157,7 @@ def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen,
 
 def export_ema(checkpoint: str | Path, out: str | Path) -> Path:
     """Write the EMA weights of a training checkpoint as a small file the loader accepts on its own."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    state = read_checkpoint(checkpoint)
     slim = {"model_ema": state["model_ema"], "args": state["args"], "mar_probe_config": state["mar_probe_config"],
             "train_config": state["train_config"], "epoch": state["epoch"], "loss_history": state["loss_history"]}
     out = Path(out)

@@ -36,8 +36,16 @@ def space_timesteps(num_timesteps: int, spacing: str | int) -> list[int]:
     return sorted(set(kept))
 
 
+_TENSOR_CACHE: dict = {}
+
+
 def _gather(arr: np.ndarray, t: torch.Tensor, ndim: int) -> torch.Tensor:
-    out = torch.from_numpy(arr).to(t.device)[t].float()
+    """arr[t] as float32 [N, 1, ...]: gathered in float64, then cast, as the reference does."""
+    key = (id(arr), t.device)
+    table = _TENSOR_CACHE.get(key)
+    if table is None or table[0] is not arr:
+        table = _TENSOR_CACHE[key] = (arr, torch.from_numpy(arr).to(t.device))
+    out = table[1][t].float()
     return out.reshape(out.shape + (1,) * (ndim - 1))
 
 
