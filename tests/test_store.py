@@ -1,0 +1,205 @@
+"""The run store: schema, open_run, round trip, crash safety, resume, shards and bad inputs (mar_tiny)."""
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+import zarr
+
+import mar_probe
+from mar_probe.cli import main
+from mar_probe.probe import SelectionSpec, record
+from mar_probe.probe.record import image_shape
+from mar_probe.store import IncompleteRunWarning, SchemaError, open_run
+from mar_probe.store.writer import StoreWriter, WriteError
+
+VARS = "enc_v,dec_k,z_cfg_resid,attn_gen"
+CLI = ["--model", "mar_tiny", "--num-samples", "8", "--num-iter", "8", "--cfg", "2.0", "--seed", "5",
+       "--vars", VARS, "--layers", "1"]
+DIMS = ("sample", "step", "branch", "layer", "token", "head", "d_head")
+
+
+def _model(seed=5):
+    torch.manual_seed(seed)  # as `mar-probe record --model mar_tiny --seed 5` builds its random weights
+    return mar_probe.create_model("mar_tiny").eval()
+
+
+def _record_ref(path, **kw):
+    spec = SelectionSpec(variables=VARS, layers=(1,))
+    return record(_model(), np.arange(8), path, spec, seed=5, num_iter=8, cfg=2.0, strategy="full", **kw)
+
+
+@pytest.fixture(scope="module")
+def ref_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ref") / "ref.zarr"
+    _record_ref(path)
+    return path
+
+
+def _assert_same_store(a, b):
+    ga, gb = zarr.open_group(str(a), mode="r"), zarr.open_group(str(b), mode="r")
+    names = sorted(n for n, _ in ga.arrays())
+    assert names == sorted(n for n, _ in gb.arrays())
+    for n in names:
+        x, y = ga[n][...], gb[n][...]
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), n
+    skip = {"created"}
+    assert {k: v for k, v in ga.attrs.items() if k not in skip} == {k: v for k, v in gb.attrs.items() if k not in skip}
+
+
+def _cli(out, *extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log = open(f"{out}.{len(extra)}.{time.monotonic_ns()}.log", "w+b")  # a file, so a full pipe never blocks
+    proc = subprocess.Popen([sys.executable, "-m", "mar_probe.cli", "record", *CLI, "--out", str(out), *extra],
+                            env=env, stdout=subprocess.DEVNULL, stderr=log)
+    proc.log = log
+    return proc
+
+
+def _err(proc) -> str:
+    proc.log.seek(0)
+    return proc.log.read().decode(errors="replace")[-3000:]
+
+
+def _done_count(path) -> int:
+    return sum(len(files) for _, _, files in os.walk(os.path.join(path, "done", "c")))
+
+
+def test_open_run_dims_coords_attrs(ref_store):
+    for ds in (xr.open_zarr(str(ref_store)), open_run(ref_store)):
+        assert ds["dec_k"].dims == DIMS
+        assert ds["enc_v"].dims == DIMS
+        assert ds["attn_gen"].dims == ("sample", "step", "branch", "layer", "token")
+        assert ds["z_cfg_resid"].dims == ("sample", "step", "token", "d_model")
+        assert list(ds["branch"].values) == ["cond", "uncond"] and list(ds["layer"].values) == [1]
+        assert ds["row"].values[:4].tolist() == [-1] * 4 and ds["col"].values[4 + 9] == 1
+    ds = open_run(ref_store)
+    assert ds["dec_k"].chunks is not None  # dask-backed
+    assert ds.attrs["schema_version"] == 1 and ds.attrs["model_preset"] == "mar_tiny"
+    assert set(ds.attrs["versions"]) >= {"mar_probe", "torch", "zarr"} and ds.attrs["seed"] == 5
+    assert ds.attrs["incomplete"] == [] and bool(ds["complete"].all()) and bool(ds["done"].all())
+    assert ds["images"].shape == (8,) + image_shape(_model()) and ds["tokens"].dtype == np.float32
+    assert list(ds.data_vars)[:4] == VARS.split(",")
+
+
+def test_dec_k_equals_plain_forward_and_bf16_roundtrip(tmp_path):
+    m = _model()
+    labels = np.array([3, 7])
+    spec = SelectionSpec(variables="dec_k", layers=(0, 1), dtype="float32")
+    record(m, labels, tmp_path / "f32.zarr", spec, seed=1, num_iter=4, cfg=2.0)
+    record(m, labels, tmp_path / "bf16.zarr", spec.replace(dtype="bfloat16"), seed=1, num_iter=4, cfg=2.0)
+    ds = open_run(tmp_path / "f32.zarr")
+    s, (sample, step, layer) = m.buffer_size, (1, 2, 1)
+    tok = torch.from_numpy(ds["tokens"].values[sample, s:])                               # [L, C]
+    mask = torch.from_numpy(ds["mask"].values[sample, step, s:])                          # [L]
+    x = torch.where(mask[:, None], 0.0, tok)[None]                                        # [1, L, C]
+    for b, emb in enumerate((m.class_emb(torch.tensor([labels[sample]])), m.fake_latent)):
+        with torch.no_grad():
+            h = m.decoder_input(m.forward_mae_encoder(x, mask[None], emb), mask[None])    # [1, S+L, D]
+            for blk in m.decoder_blocks[:layer]:
+                h = blk(h)
+            qkv = m.decoder_blocks[layer].attn.qkv(m.decoder_blocks[layer].norm1(h))    # [1, N, 3D]
+        k = qkv.reshape(1, h.shape[1], 3, 2, 16)[0, :, 1]                                 # [N, H, Dh]
+        got = ds["dec_k"].sel(layer=layer).values[sample, step, b]
+        assert np.allclose(got, k.numpy(), atol=1e-5)
+    bf = open_run(tmp_path / "bf16.zarr")["dec_k"].values
+    want = torch.from_numpy(ds["dec_k"].values).to(torch.bfloat16).float().numpy()
+    assert bf.dtype == np.float32 and np.array_equal(bf, want)
+
+
+def test_kill_and_resume_gives_identical_arrays(tmp_path, ref_store):
+    out, rng, kills = tmp_path / "run.zarr", np.random.default_rng(0), 0
+    for attempt in range(3):
+        proc = _cli(out, *(["--resume"] if attempt else []))
+        target = int(rng.integers(_done_count(out) + 1, 60)) if attempt < 2 else None
+        while proc.poll() is None and target is not None:
+            if _done_count(out) >= target:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+                break
+            time.sleep(0.002)
+        proc.wait()
+        if attempt < 2 and proc.returncode == -signal.SIGKILL:
+            with pytest.warns(IncompleteRunWarning):
+                ds = open_run(out)
+            assert ds.attrs["incomplete"]
+    assert proc.returncode == 0, _err(proc)
+    assert kills >= 1
+    _assert_same_store(out, ref_store)
+
+
+def test_four_shards_write_one_store_concurrently(tmp_path, ref_store):
+    out = tmp_path / "sharded.zarr"
+    procs = [_cli(out, "--shard", f"{i}/4") for i in range(4)]
+    for p in procs:
+        assert p.wait() == 0, _err(p)
+    _assert_same_store(out, ref_store)
+
+
+def test_write_error_leaves_consistent_store_that_resume_completes(tmp_path, ref_store, monkeypatch):
+    out, calls, real = tmp_path / "full.zarr", [0], StoreWriter._write
+
+    def failing(self, kind, payload):
+        calls[0] += 1
+        if calls[0] > 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, kind, payload)
+
+    monkeypatch.setattr(StoreWriter, "_write", failing)
+    with pytest.raises(WriteError, match="No space left on device.*--resume"):
+        _record_ref(out)
+    with pytest.warns(IncompleteRunWarning, match="incomplete"):
+        ds = open_run(out)
+    first_bad = ds.attrs["incomplete"][0]
+    assert np.isnan(ds["dec_k"].sel(sample=first_bad[0], step=first_bad[1]).values).all()
+    monkeypatch.setattr(StoreWriter, "_write", real)
+    with pytest.raises(FileExistsError, match="already exists; pass --resume"):
+        _record_ref(out)
+    res = _record_ref(out, resume=True)
+    assert res.samples_skipped >= 1
+    _assert_same_store(out, ref_store)
+
+
+def test_schema_version_and_non_store_errors(tmp_path, ref_store):
+    with pytest.raises(SchemaError, match="not a zarr v3 group|no 'schema_version'"):
+        open_run(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        open_run(tmp_path / "missing.zarr")
+    copy = tmp_path / "copy.zarr"
+    subprocess.run(["cp", "-r", str(ref_store), str(copy)], check=True)
+    zarr.open_group(str(copy), mode="r+").attrs["schema_version"] = 99
+    with pytest.raises(SchemaError, match="schema version 99, this mar_probe reads version 1"):
+        open_run(copy)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--vars", "dec_x"], "unknown variable(s) ['dec_x']; expected some of"),
+    (["--layers", "0,5"], "layer(s) [5] out of range: expected indices in 0..1"),
+    (["--steps", "8"], "step(s) [8] out of range"),
+    (["--shard", "4/4"], "0 <= I < N"),
+    (["--branches", "neither"], "subset of ('cond', 'uncond')"),
+])
+def test_cli_bad_inputs(tmp_path, capsys, extra, message):
+    assert main(["record", *CLI, "--out", str(tmp_path / "x.zarr"), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_cli_dry_run_existing_store_and_mismatched_resume(tmp_path, ref_store, capsys):
+    assert main(["record", *CLI, "--out", str(tmp_path / "d.zarr"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "dec_k" in out and "total" in out and not (tmp_path / "d.zarr").exists()
+    assert main(["record", *CLI, "--out", str(ref_store)]) == 2
+    assert "already exists; pass --resume" in capsys.readouterr().err
+    assert main(["record", *CLI, "--cfg", "3.0", "--out", str(ref_store), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "written by another model or configuration" in err and "sampling" in err
+    assert main(["record", *CLI, "--out", str(tmp_path / "none.zarr"), "--resume"]) == 2
+    assert "cannot resume" in capsys.readouterr().err
