@@ -229,11 +229,33 @@ def _cmd_record(args) -> int:
     return 0
 
 
+def _add_figures(p):
+    p.add_argument("store", help="run store written by `mar-probe record`")
+    p.add_argument("--out", default="figures", help="output folder (default: figures)")
+    p.add_argument("--only", help="comma-separated figure names (default: all)")
+    p.add_argument("--format", default="png", help="image formats, e.g. png,pdf (default: png)")
+
+
+def _cmd_figures(args) -> int:
+    from .plot.report import write_figures
+    from .store import open_run
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    written, skipped = write_figures(open_run(args.store), args.out, only,
+                                     [f.strip() for f in args.format.split(",") if f.strip()])
+    for name, paths in written.items():
+        print(f"wrote {name}: {', '.join(p.name for p in paths)}")
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}")
+    print(f"index: {Path(args.out) / 'index.md'}")
+    return 0
+
+
 SUBCOMMANDS = {
     "generate": (_add_generate, _cmd_generate, "generate images and write samples.npz and a PNG grid"),
     "record": (_add_record, _cmd_record, "sample with the probe attached and write a zarr run store"),
     "train": (_add_train, _cmd_train, "train a small MAR (default: the embedded Fashion-MNIST model)"),
     "quality": (_add_quality, _cmd_quality, "class accuracy and Frechet distance of generated images"),
+    "figures": (_add_figures, _cmd_figures, "write every analysis figure (images, CSVs, index.md) of a run"),
     "presets": (_add_presets, _cmd_presets, "list model presets"),
 }
 

@@ -226,3 +226,51 @@ def test_bad_inputs_name_flags_and_list_what_is_there(run):
         A.cfg_residual_mse(run.sel(branch=["cond"]))
     with pytest.raises(ValueError, match="'nope'"):
         A.category_masks(A.token_categories(run), ["nope"])
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    """A real recorded store: mar_tiny, 2 samples x 6 steps, without dec_v (so marche_fig11 is skipped)."""
+    import torch
+    from mar_probe import create_model
+    from mar_probe.probe.record import record
+    from mar_probe.probe.spec import SelectionSpec
+    torch.manual_seed(0)
+    model = create_model("mar_tiny").eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    path = tmp_path_factory.mktemp("tiny") / "run.zarr"
+    spec = SelectionSpec(variables=("dec_k", "dec_resid_post", "z", "z_cfg_resid", "attn_gen"))
+    record(model, np.arange(2), path, spec, seed=0, num_iter=6, cfg=2.0)
+    return path
+
+
+def test_figures_command_writes_png_csv_and_reports_skips(tiny_store, tmp_path, capsys):
+    import pandas as pd
+    from mar_probe.cli import main
+    out = tmp_path / "figs"
+    assert main(["figures", str(tiny_store), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "skipped marche_fig11" in printed and "mar-probe record --vars dec_v" in printed
+    for name in ("lazymar_fig1", "lazymar_fig2", "marche_fig1", "marche_fig10", "marche_fig12",
+                 "selection_vs_drift"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+        assert len(pd.read_csv(out / f"{name}.csv")) > 0
+    assert not (out / "marche_fig11.png").exists()
+    assert "marche_fig11 (skipped)" in (out / "index.md").read_text()
+    fig2 = pd.read_csv(out / "lazymar_fig2.csv")
+    assert set(fig2["quantity"]) == {"cond", "uncond", "residual", "ratio_cond"} and (fig2["n"] == 2).all()
+
+
+def test_open_run_analysis_matches_numpy(tiny_store):
+    from mar_probe.store import open_run
+    ds = open_run(tiny_store)
+    cos = A.cosine_stability(ds["dec_k"]).sel(sample=1, step=3, layer=1, branch="cond").values
+    k = ds["dec_k"].sel(sample=1, layer=1, branch="cond").values
+    t = int(ds["token"].values[-1])
+    assert cos[t] == pytest.approx(_np_cos(k[3, t], k[2, t]), rel=1e-4)
+    with pytest.raises(ValueError, match=r"step \[8, 9\] not in the store; it has step \[0, 1, 2, 3, 4, 5\]"):
+        from mar_probe.plot.figures import cosine_map_data
+        cosine_map_data(ds, pairs=[(8, 9)], layers=[0])
