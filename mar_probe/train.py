@@ -123,36 +123,41 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
 
 
 def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng):
+    """Iterate from ``start``; Ctrl-C saves the state as of the last completed iteration (exactly resumable)."""
     def rng_state():
         return {"torch": gen.get_state(), "numpy": np_rng.bit_generator.state}
     model.train()
-    it = start
-    t0 = time.time()
+    done, rng_done, t0 = start, rng_state(), time.time()
     bar = tqdm(range(start, cfg.iters), initial=start, total=cfg.iters, desc="train", smoothing=0.05)
     try:
         for it in bar:
-            for g in opt.param_groups:
-                g["lr"] = lr_at(cfg, it)
-            idx = torch.randint(0, latents.shape[0], (cfg.batch_size,), generator=gen)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.amp == "bf16"):
-                loss = model(latents[idx], labels[idx], generator=gen, np_rng=np_rng)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            ema_update(ema, model, min(cfg.ema_rate, (1 + it) / (10 + it)))
-            history.append([it, loss.item(), time.time() - t0])
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-            if (it + 1) % cfg.ckpt_every == 0:
-                save_checkpoint(ckpt_path, model, ema, opt, it + 1, cfg, history, rng_state())
-        it = cfg.iters
+            loss = _train_step(cfg, model, ema, opt, latents, labels, it, gen, np_rng)
+            done, rng_done = it + 1, rng_state()
+            history.append([it, loss, time.time() - t0])
+            bar.set_postfix(loss=f"{loss:.4f}")
+            if done % cfg.ckpt_every == 0:
+                save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
     except KeyboardInterrupt:
-        print(f"\ninterrupted at iteration {it}: saving {ckpt_path}")
-    save_checkpoint(ckpt_path, model, ema, opt, it, cfg, history, rng_state())
+        print(f"\ninterrupted after iteration {done}: saving {ckpt_path}")
+    save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
     (ckpt_path.parent / "loss_history.json").write_text(json.dumps(history))
     if history:
         from .plot.training import plot_loss_curve
         plot_loss_curve(history, ckpt_path.parent / "loss_curve.png")
+
+
+def _train_step(cfg, model, ema, opt, latents, labels, it, gen, np_rng) -> float:
+    for g in opt.param_groups:
+        g["lr"] = lr_at(cfg, it)
+    idx = torch.randint(0, latents.shape[0], (cfg.batch_size,), generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.amp == "bf16"):
+        loss = model(latents[idx], labels[idx], generator=gen, np_rng=np_rng)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    ema_update(ema, model, min(cfg.ema_rate, (1 + it) / (10 + it)))
+    return loss.item()
 
 
 def export_ema(checkpoint: str | Path, out: str | Path) -> Path:

@@ -10,13 +10,23 @@ def _cfg(tmp_path, iters):
                        warmup_iters=2, ckpt_every=2, amp="none", threads=1)
 
 
-def test_resume_is_identical_to_uninterrupted(tmp_path):
+def test_resume_is_identical_to_uninterrupted(tmp_path, monkeypatch):
+    from mar_probe.models.mar import MAR
     a, b = tmp_path / "a", tmp_path / "b"
     train(_cfg(a, 4))
-    train(_cfg(b, 2))
+    calls, forward = [], MAR.forward
+
+    def interrupted(self, *args, **kwargs):  # Ctrl-C in the middle of the third iteration
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return forward(self, *args, **kwargs)
+    monkeypatch.setattr(MAR, "forward", interrupted)
+    train(_cfg(b, 4))
     state = torch.load(b / "checkpoint-last.pth", weights_only=False)
     assert state["epoch"] == 2
-    train(_cfg(b, 4))  # resumes from iteration 2 with the saved RNG state
+    monkeypatch.setattr(MAR, "forward", forward)
+    train(_cfg(b, 4))  # resumes from iteration 2 with the RNG state saved after iteration 2
     sa = torch.load(a / "checkpoint-last.pth", weights_only=False)
     sb = torch.load(b / "checkpoint-last.pth", weights_only=False)
     assert [h[1] for h in sa["loss_history"]] == [h[1] for h in sb["loss_history"]]

@@ -132,9 +132,12 @@ class DiffLoss(nn.Module):
         self.num_sampling_steps = str(num_sampling_steps)
         self.gen_diffusion = GaussianDiffusion(self.num_sampling_steps)
 
-    def forward(self, target, z, mask=None):
-        t = torch.randint(0, self.train_diffusion.num_timesteps, (target.shape[0],), device=target.device)
-        loss = self.train_diffusion.training_losses(self.net, target, t, z)
+    def forward(self, target, z, mask=None, generator: torch.Generator | None = None):
+        """Training loss; timesteps and noise come from ``generator`` (default: torch's global one)."""
+        t = torch.randint(0, self.train_diffusion.num_timesteps, (target.shape[0],), device=target.device,
+                          generator=generator)
+        noise = torch.randn(target.shape, device=target.device, generator=generator)
+        loss = self.train_diffusion.training_losses(self.net, target, t, z, noise=noise)
         if mask is not None:
             loss = (loss * mask).sum() / mask.sum()
         return loss.mean()

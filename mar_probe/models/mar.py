@@ -141,9 +141,9 @@ class MAR(nn.Module):
         k = self.config.diffusion_loss_tokens
         z, target = z.float(), target.float()
         with torch.autocast(z.device.type, enabled=False):  # the head stays in float32 under mixed precision
-            return self._head_loss(z, target, mask, masked_idx, k)
+            return self._head_loss(z, target, mask, masked_idx, k, generator)
 
-    def _head_loss(self, z, target, mask, masked_idx, k):
+    def _head_loss(self, z, target, mask, masked_idx, k, generator=None):
         if k > 0:
             idx = masked_idx[:, :min(k, masked_idx.shape[1])]  # orders are random: a uniform subset
             d = z.shape[-1]
@@ -151,11 +151,11 @@ class MAR(nn.Module):
             target = torch.gather(target, 1, idx.unsqueeze(-1).expand(-1, -1, target.shape[-1]))
             target = target.reshape(-1, target.shape[-1])
             mul = self.diffusion_batch_mul
-            return self.diffloss(target=target.repeat(mul, 1), z=z.repeat(mul, 1))
+            return self.diffloss(target=target.repeat(mul, 1), z=z.repeat(mul, 1), generator=generator)
         b, L, _ = target.shape
         mul = self.diffusion_batch_mul
         return self.diffloss(target=target.reshape(b * L, -1).repeat(mul, 1), z=z.reshape(b * L, -1).repeat(mul, 1),
-                             mask=mask.reshape(b * L).repeat(mul))
+                             mask=mask.reshape(b * L).repeat(mul), generator=generator)
 
 
 def sample_orders_torch(bsz, seq_len, generator=None, device="cpu"):

@@ -251,6 +251,9 @@ def load_vae(path, device="cpu", config: VAEConfig | None = None) -> Autoencoder
         raise FileNotFoundError(f"VAE checkpoint not found: {path}; download {KL16_SOURCE} and pass its path")
     ckpt = torch.load(path, map_location=device, weights_only=True)
     sd = ckpt["model"] if isinstance(ckpt, dict) and "model" in ckpt else ckpt
+    # LDM training checkpoints may carry the discriminator/LPIPS loss under "loss."; the official loader
+    # skips them (strict=False), we drop exactly those and stay strict about everything else.
+    sd = {k: v for k, v in sd.items() if not k.startswith("loss.")}
     vae = AutoencoderKL(config)
     _check_state_dict(vae, sd, path)
     vae.load_state_dict(sd, strict=True)
