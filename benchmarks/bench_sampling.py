@@ -8,12 +8,11 @@ the CPU — the setting of the numbers in ``shared/facts.md`` (official code: 18
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
-from common import write_result
+from common import bench_parser, write_result
 from mar_probe import create_model, sample
 
 
@@ -34,12 +33,7 @@ def run(preset: str, batch: int, num_iter: int, cfg: float, steps: str, repeats:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="mar_base")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--num-iter", type=int, default=64)
-    p.add_argument("--cfg", type=float, default=3.0)
-    p.add_argument("--num-sampling-steps", default="100")
+    p = bench_parser(__doc__)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)

@@ -12,7 +12,6 @@ Targets from the issue: ``lazymar`` >= 2.3x end to end, ``marche`` >= 1.6x on th
 """
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from common import RESULTS, machine
+from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, sample, strategies
 
 COMPONENTS = ("encoder", "decoder", "head")
@@ -82,12 +81,7 @@ def parse_strategy_opts(pairs) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="mar_base")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--num-iter", type=int, default=64)
-    p.add_argument("--cfg", type=float, default=3.0)
-    p.add_argument("--num-sampling-steps", default="100")
+    p = bench_parser(__doc__)
     p.add_argument("--strategies", default=",".join(strategies.available()),
                    help="comma-separated names (full is always included)")
     p.add_argument("--strategy-opt", action="append", default=[], metavar="NAME:KEY=VALUE")

@@ -13,6 +13,18 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def bench_parser(doc: str):
+    """An argument parser with the paper setting's flags: mar_base, batch 1, 64 steps, CFG 3.0, 100 head steps."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="mar_base")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--num-iter", type=int, default=64)
+    p.add_argument("--cfg", type=float, default=3.0)
+    p.add_argument("--num-sampling-steps", default="100")
+    return p
+
+
 def machine() -> dict:
     """What the numbers were measured on."""
     cpu = platform.processor() or ""
