@@ -126,6 +126,7 @@ def _add_train(p):
                       ("seed", int), ("threads", int)):
         p.add_argument(f"--{name}", type=typ, help="see TrainConfig (default: its default)")
     p.add_argument("--amp", choices=["bf16", "none"])
+    p.add_argument("--init", metavar="PATH", help="start from this checkpoint's (EMA) weights, e.g. data/fashion_small.pth")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     p.add_argument("--export", metavar="PATH", help="after training, write the EMA-only checkpoint here")
 

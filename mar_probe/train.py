@@ -43,6 +43,7 @@ class TrainConfig:
     ckpt_every: int = 100
     seed: int = 0
     threads: int = 0
+    init: str | None = None  # start from the (EMA) weights of this checkpoint instead of random weights
     amp: str = "bf16"  # "bf16": transformer under bfloat16 autocast (the diffusion head stays float32); "none"
 
     def __post_init__(self):
@@ -117,9 +118,19 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
         if state.get("rng_state"):
             gen.set_state(state["rng_state"]["torch"])
             np_rng.bit_generator.state = state["rng_state"]["numpy"]
+    elif cfg.init:
+        _warm_start(model, ema, cfg.init)
     latents, labels = _load_training_latents(cfg, model)
     _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng)
     return ckpt_path
+
+
+def _warm_start(model, ema, path) -> None:
+    """Copy the weights of a checkpoint (EMA when present) into both the model and its EMA."""
+    from .models.checkpoints import _pick_state_dict, check_state_dict
+    sd = _pick_state_dict(read_checkpoint(path), ema=True, path=path)
+    check_state_dict(model, sd)
+    model.load_state_dict(sd); ema.load_state_dict(sd)
 
 
 def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng):

@@ -54,3 +54,19 @@ def test_bad_train_config():
         TrainConfig(dataset="cifar")
     with pytest.raises(ValueError, match="iters must be >= 1, got 0"):
         TrainConfig(iters=0)
+
+
+def test_warm_start_copies_weights_and_rejects_other_presets(tmp_path):
+    import dataclasses
+    import pytest
+    from mar_probe import create_model
+    from mar_probe.models.checkpoints import CheckpointError
+    src = train(_cfg(tmp_path / "src", 2))
+    cfg = dataclasses.replace(_cfg(tmp_path / "warm", 1), init=str(src), lr=1e-12, min_lr=1e-12)
+    warm = torch.load(train(cfg), weights_only=False)
+    ema = torch.load(src, weights_only=False)["model_ema"]
+    key = "z_proj.weight"
+    assert torch.allclose(warm["model"][key], ema[key], atol=1e-6)  # lr ~ 0: weights stay where they started
+    torch.save({"model_ema": create_model("mar_tiny_latent").state_dict()}, tmp_path / "other.pth")
+    with pytest.raises(CheckpointError, match="mar_tiny_latent"):
+        train(dataclasses.replace(_cfg(tmp_path / "bad", 1), init=str(tmp_path / "other.pth")))
