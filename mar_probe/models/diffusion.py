@@ -36,17 +36,6 @@ def space_timesteps(num_timesteps: int, spacing: str | int) -> list[int]:
     return sorted(set(kept))
 
 
-_TENSOR_CACHE: dict = {}
-
-
-def _gather(arr: np.ndarray, t: torch.Tensor, ndim: int) -> torch.Tensor:
-    """arr[t] as float32 [N, 1, ...]: gathered in float64, then cast, as the reference does."""
-    key = (id(arr), t.device)
-    table = _TENSOR_CACHE.get(key)
-    if table is None or table[0] is not arr:
-        table = _TENSOR_CACHE[key] = (arr, torch.from_numpy(arr).to(t.device))
-    out = table[1][t].float()
-    return out.reshape(out.shape + (1,) * (ndim - 1))
 
 
 class GaussianDiffusion:
@@ -61,6 +50,7 @@ class GaussianDiffusion:
             betas.append(1 - base_bar[i] / last)
             last = base_bar[i]
         self.timestep_map = np.array(use, dtype=np.int64)
+        self._tables: dict = {}  # (id of a schedule array, device) -> the array as a float64 tensor
         self._set_betas(np.array(betas, dtype=np.float64))
 
     def _set_betas(self, betas: np.ndarray) -> None:
@@ -80,27 +70,39 @@ class GaussianDiffusion:
         self.posterior_mean_coef1 = betas * np.sqrt(ab_prev) / (1.0 - ab)
         self.posterior_mean_coef2 = (1.0 - ab_prev) * np.sqrt(1.0 - betas) / (1.0 - ab)
 
+    def _gather(self, arr: np.ndarray, t: torch.Tensor, ndim: int) -> torch.Tensor:
+        """arr[t] as float32 [N, 1, ...]: gathered in float64, then cast, as the reference does.
+
+        The tensor form of each schedule array is made once per device and kept on this instance
+        (the arrays are its own attributes, so their ids are stable for its lifetime).
+        """
+        key = (id(arr), t.device)
+        if key not in self._tables:
+            self._tables[key] = torch.from_numpy(arr).to(t.device)
+        out = self._tables[key][t].float()
+        return out.reshape(out.shape + (1,) * (ndim - 1))
+
     def model_timesteps(self, t: torch.Tensor) -> torch.Tensor:
         """Map respaced indices to the original timesteps the network was trained on."""
         return torch.from_numpy(self.timestep_map).to(t.device)[t]
 
     def q_sample(self, x0, t, noise):
-        return (_gather(self.sqrt_alphas_cumprod, t, x0.ndim) * x0
-                + _gather(self.sqrt_one_minus_alphas_cumprod, t, x0.ndim) * noise)
+        return (self._gather(self.sqrt_alphas_cumprod, t, x0.ndim) * x0
+                + self._gather(self.sqrt_one_minus_alphas_cumprod, t, x0.ndim) * noise)
 
     def q_posterior(self, x0, xt, t):
-        mean = _gather(self.posterior_mean_coef1, t, xt.ndim) * x0 + _gather(self.posterior_mean_coef2, t, xt.ndim) * xt
-        return mean, _gather(self.posterior_log_variance_clipped, t, xt.ndim)
+        mean = self._gather(self.posterior_mean_coef1, t, xt.ndim) * x0 + self._gather(self.posterior_mean_coef2, t, xt.ndim) * xt
+        return mean, self._gather(self.posterior_log_variance_clipped, t, xt.ndim)
 
     def p_mean_variance(self, model_output, x, t, clip_denoised: bool = False):
         """Mean, log-variance and x0 prediction of p(x_{t-1} | x_t) from the network's [N, 2C] output."""
         c = x.shape[1]
         eps, var_values = model_output[:, :c], model_output[:, c:]
-        min_log = _gather(self.posterior_log_variance_clipped, t, x.ndim)
-        max_log = _gather(self.log_betas, t, x.ndim)
+        min_log = self._gather(self.posterior_log_variance_clipped, t, x.ndim)
+        max_log = self._gather(self.log_betas, t, x.ndim)
         frac = (var_values + 1) / 2
         log_var = frac * max_log + (1 - frac) * min_log
-        x0 = _gather(self.sqrt_recip_alphas_cumprod, t, x.ndim) * x - _gather(self.sqrt_recipm1_alphas_cumprod, t, x.ndim) * eps
+        x0 = self._gather(self.sqrt_recip_alphas_cumprod, t, x.ndim) * x - self._gather(self.sqrt_recipm1_alphas_cumprod, t, x.ndim) * eps
         if clip_denoised:
             x0 = x0.clamp(-1, 1)
         mean, _ = self.q_posterior(x0, x, t)
