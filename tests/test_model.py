@@ -105,3 +105,13 @@ def test_cuda_device_without_cuda_is_a_clear_error(tmp_path):
     from mar_probe.models.checkpoints import resolve_device
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         resolve_device("cuda")
+
+
+def test_checkpoint_of_another_image_size_says_so(tmp_path):
+    bigger = MAR(preset_config("mar_tiny", img_size=32))
+    _save(tmp_path / "big.pth", bigger)
+    with pytest.raises(CheckpointError) as err:
+        load_model(tmp_path / "big.pth", preset="mar_tiny")
+    msg = str(err.value)
+    assert "another image size" in msg and "256 tokens (a 16x16 grid)" in msg and "expects 64 (8x8" in msg
+    assert "img_size=16" in msg

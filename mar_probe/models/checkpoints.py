@@ -106,9 +106,24 @@ def check_state_dict(model: MAR, state_dict: dict) -> None:
     for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape conflicts", conflicts)):
         if items:
             parts.append(f"  {label} ({len(items)}): {items[:6]!r}{' ...' if len(items) > 6 else ''}")
+    hint = _image_size_hint(model, want)
+    if hint:
+        parts.append(hint)
     guess = suggest_preset(state_dict)
     parts.append(f"  it fits preset {guess!r}" if guess else "  it fits none of the presets " + repr(sorted(PRESETS)))
     raise CheckpointError("\n".join(parts))
+
+
+def _image_size_hint(model: MAR, want: dict) -> str | None:
+    """Say so when the checkpoint was trained for another token grid (another image size)."""
+    shape = want.get("diffusion_pos_embed_learned")
+    if shape is None or shape[1] == model.seq_len:
+        return None
+    c = model.config
+    grid = int(round(shape[1] ** 0.5))
+    return (f"  a checkpoint of another image size: it holds {shape[1]} tokens (a {grid}x{grid} grid), but model "
+            f"{c.name!r} expects {model.seq_len} ({model.seq_h}x{model.seq_w}: img_size={c.img_size!r}, "
+            f"vae_stride={c.vae_stride!r}, patch_size={c.patch_size!r})")
 
 
 def load_model(checkpoint: str | Path | None = None, preset: str | None = None, ema: bool = True,
