@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .models.checkpoints import resolve_sampling
 from .models.tokenizer import PixelTokenizer
 from .sampler import CFG_SCHEDULES, SampleRNG, Sampler
 
@@ -61,8 +62,8 @@ def _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_siz
     return labels
 
 
-def sample(model, labels, *, num_iter: int = 64, cfg: float = 1.0, cfg_schedule: str = "linear",
-           temperature: float = 1.0, seed: int = 0, rng: str = "own", batch_size: int | None = None,
+def sample(model, labels, *, num_iter: int | None = None, cfg: float | None = None, cfg_schedule: str | None = None,
+           temperature: float | None = None, seed: int = 0, rng: str = "own", batch_size: int | None = None,
            strategy=None, observers=(), vae=None, progress: bool = False) -> SampleResult:
     """Generate images with MAR's sampling semantics.
 
@@ -73,7 +74,9 @@ def sample(model, labels, *, num_iter: int = 64, cfg: float = 1.0, cfg_schedule:
     labels : array-like of int
         One class label per image.
     num_iter, cfg, cfg_schedule, temperature
-        As in the official ``sample_tokens``.
+        As in the official ``sample_tokens``; None takes the model's recommended setting (a checkpoint's
+        ``sampling_defaults``, see :func:`~mar_probe.models.checkpoints.resolve_sampling`), else the official
+        defaults 64, 1.0, "linear", 1.0.
     seed : int
         Seed of this call's own generators (no global state is touched).
     rng : {"own", "official"}
@@ -89,6 +92,8 @@ def sample(model, labels, *, num_iter: int = 64, cfg: float = 1.0, cfg_schedule:
     vae : optional
         A KL-16 VAE to decode latent tokens of ImageNet models.
     """
+    s = resolve_sampling(model, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature)
+    num_iter, cfg, cfg_schedule, temperature = s["num_iter"], s["cfg"], s["cfg_schedule"], s["temperature"]
     labels = _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size)
     device = next(model.parameters()).device
     gen = SampleRNG.create(seed, rng, device)

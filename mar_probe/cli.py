@@ -29,24 +29,38 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples-per-class", type=int, metavar="K",
                    help="K images of every class (or of each --labels entry); overrides --num-samples")
     g.add_argument("--seed", type=int, default=0, help="seed of the run's own generators (default: 0)")
-    g.add_argument("--num-iter", type=int, default=64, help="MAR decoding steps (default: 64)")
-    g.add_argument("--cfg", type=float, default=3.0, help="classifier-free guidance scale (default: 3.0)")
-    g.add_argument("--cfg-schedule", default="linear", choices=["linear", "constant"])
-    g.add_argument("--temperature", type=float, default=1.0, help="diffusion sampling temperature (default: 1.0)")
+    rec = "the checkpoint's recommended value, else"
+    g.add_argument("--num-iter", type=int, help=f"MAR decoding steps (default: {rec} 64)")
+    g.add_argument("--cfg", type=float, help=f"classifier-free guidance scale (default: {rec} 3.0)")
+    g.add_argument("--cfg-schedule", choices=["linear", "constant"], help=f"(default: {rec} linear)")
+    g.add_argument("--temperature", type=float, help=f"diffusion sampling temperature (default: {rec} 1.0)")
     g.add_argument("--num-sampling-steps", help="diffusion steps of the head (default: the model's)")
     g.add_argument("--batch-size", type=int, default=64, help="images per forward batch (default: 64)")
     g.add_argument("--rng", default="own", choices=["own", "official"], help="random-number layout")
 
 
+CLI_SAMPLING = {"num_iter": 64, "cfg": 3.0, "cfg_schedule": "linear", "temperature": 1.0}
+
+
 def build_model(args):
-    """The model named by --model/--checkpoint (random preset, checkpoint, or the embedded default)."""
-    from .models.checkpoints import create_model, load_model, resolve_device
+    """The model named by --model/--checkpoint (random preset, checkpoint, or the embedded default).
+
+    Sampling flags left unset (None) are filled in ``args`` from the checkpoint's recommended settings, else
+    :data:`CLI_SAMPLING`.
+    """
+    from .models.checkpoints import create_model, load_model, resolve_device, resolve_sampling
     steps = getattr(args, "num_sampling_steps", None)
     if args.model and not args.checkpoint:
         over = {"num_sampling_steps": str(steps)} if steps else {}
-        return create_model(args.model, **over).to(resolve_device(args.device)).eval()
-    return load_model(args.checkpoint, preset=args.model, ema=not args.no_ema, device=args.device,
-                      num_sampling_steps=steps)
+        model = create_model(args.model, **over).to(resolve_device(args.device)).eval()
+    else:
+        model = load_model(args.checkpoint, preset=args.model, ema=not args.no_ema, device=args.device,
+                           num_sampling_steps=steps)
+    given = {k: getattr(args, k) for k in CLI_SAMPLING if hasattr(args, k)}
+    for key, value in resolve_sampling(model, CLI_SAMPLING, **given).items():
+        if key in given:
+            setattr(args, key, value)
+    return model
 
 
 def parse_labels(text: str | None, num_samples: int, num_classes: int, per_class: int | None = None) -> np.ndarray:

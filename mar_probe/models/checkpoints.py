@@ -22,6 +22,44 @@ class CheckpointError(ValueError):
     """A checkpoint does not fit the model it is loaded into."""
 
 
+SAMPLING_KEYS = ("num_iter", "cfg", "cfg_schedule", "temperature")
+OFFICIAL_SAMPLING = {"num_iter": 64, "cfg": 1.0, "cfg_schedule": "linear", "temperature": 1.0}  # main_mar.py's
+
+
+def resolve_sampling(model, fallback: dict | None = None, **given) -> dict:
+    """Sampling settings: the values given (not None), else the model's recommended ones, else ``fallback``.
+
+    A checkpoint may carry recommended settings under ``"sampling_defaults"`` (as the official MAR README
+    recommends a CFG scale and temperature per model); :func:`load_model` puts them on ``model.sampling_defaults``.
+    """
+    unknown = sorted(set(given) - set(SAMPLING_KEYS))
+    if unknown:
+        raise TypeError(f"unknown sampling setting(s) {unknown!r}; expected some of {SAMPLING_KEYS!r}")
+    base = {**OFFICIAL_SAMPLING, **(fallback or {}), **getattr(model, "sampling_defaults", {})}
+    return {k: given[k] if given.get(k) is not None else base[k] for k in SAMPLING_KEYS}
+
+
+def _sampling_defaults(state: dict, path) -> dict:
+    found = dict(state.get("sampling_defaults") or {})
+    unknown = sorted(set(found) - set(SAMPLING_KEYS))
+    if unknown:
+        raise CheckpointError(f"checkpoint {str(path)!r} has unknown sampling_defaults {unknown!r}; "
+                              f"expected some of {SAMPLING_KEYS!r}")
+    return found
+
+
+def write_sampling_defaults(path: str | Path, **values) -> Path:
+    """Store recommended sampling settings (e.g. ``temperature=0.7``) in a checkpoint file, atomically."""
+    path = Path(path)
+    state = read_checkpoint(path)
+    state["sampling_defaults"] = {**_sampling_defaults(state, path), **values}
+    _sampling_defaults(state, path)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+    return path
+
+
 def create_model(preset: str = "fashion_small", **overrides) -> MAR:
     """Build a randomly initialised MAR from a preset name with keyword overrides."""
     return MAR(preset_config(preset, **overrides))
@@ -139,4 +177,5 @@ def load_model(checkpoint: str | Path | None = None, preset: str | None = None, 
     model = MAR(config)
     check_state_dict(model, sd)
     model.load_state_dict(sd, strict=True)
+    model.sampling_defaults = _sampling_defaults(state, path)
     return model.to(dev).eval()

@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..api import _validate, decode_images
+from ..models.checkpoints import resolve_sampling
 from ..sampler import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
@@ -216,8 +217,8 @@ class _Progress:
             self.bar.set_postfix_str(f"{format_bytes(self.writer.bytes_logical)} written", refresh=False)
 
 
-def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int = 0, num_iter: int = 64,
-           cfg: float = 1.0, cfg_schedule: str = "linear", temperature: float = 1.0, rng: str = "own",
+def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int = 0, num_iter: int | None = None,
+           cfg: float | None = None, cfg_schedule: str | None = None, temperature: float | None = None, rng: str = "own",
            batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
            overwrite: bool = False, shard=None, queue_size: int = 8, progress: bool = False) -> RecordResult:
     """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.
@@ -235,7 +236,8 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
     seed : int
         Run seed; sample ``i`` uses ``SeedSequence([seed, i])`` (see :func:`sample_seeds`).
     num_iter, cfg, cfg_schedule, temperature, rng
-        Sampling settings as in :func:`mar_probe.sample`.
+        Sampling settings as in :func:`mar_probe.sample` (None: the model's recommended setting, else the
+        official default).
     batch_size : int
         Samples per sampler run; data depend on it (it is part of the run's identity).
     strategy : Strategy or str, optional
@@ -259,6 +261,8 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
     -------
     RecordResult
     """
+    st = resolve_sampling(model, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature)
+    num_iter, cfg, cfg_schedule, temperature = st["num_iter"], st["cfg"], st["cfg_schedule"], st["temperature"]
     plan = _plan(model, labels, out, spec, seed=seed, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule,
                  temperature=temperature, rng=rng, batch_size=batch_size, strategy=strategy, vae=vae,
                  checkpoint=checkpoint, shard=shard)
