@@ -4,6 +4,6 @@ Names: ``enc.{i}.attn.hook_q/k/v`` and ``dec.{i}.attn.hook_q/k/v`` [B', H, N, Dh
 ``{stack}.{i}.hook_mlp_out``, ``{stack}.{i}.hook_resid_mid`` and ``{stack}.{i}.hook_resid_post`` [B', N, D]; ``z``
 [B', L, D] (the decoder output fed to the diffusion head, all CFG branches). See :func:`list_hooks`.
 """
-from .points import HookInfo, HookSite, list_hooks, resolve_hook, trace
+from .points import HookInfo, HookSite, list_hooks, resolve_hook, suspended, trace
 
-__all__ = ["HookInfo", "HookSite", "list_hooks", "resolve_hook", "trace"]
+__all__ = ["HookInfo", "HookSite", "list_hooks", "resolve_hook", "suspended", "trace"]

@@ -153,8 +153,24 @@ def trace(model, names, callback: Callable[[str, torch.Tensor], None]):
             h.remove()
 
 
+_SUSPENDED = [0]
+
+
+@contextmanager
+def suspended():
+    """Hooks attached by :func:`trace` see nothing inside this block (for reference forwards that a strategy or
+    the shadow runs beside the sampled computation, which observers must not mistake for it)."""
+    _SUSPENDED[0] += 1
+    try:
+        yield
+    finally:
+        _SUSPENDED[0] -= 1
+
+
 def _make_hook(sites, callback):
     def hook(module, inputs, output):
+        if _SUSPENDED[0]:
+            return
         out = output.detach()
         for site in sites:
             callback(site.name, site.transform(out) if site.transform is not None else out)
