@@ -47,9 +47,9 @@ def scatter_rows(x: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch
 
 
 def gather_heads(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """t [B, H, N, Dh], idx [B, n] -> [B, H, n, Dh]."""
-    b, h, _, dh = t.shape
-    return torch.gather(t, 2, idx[:, None, :, None].expand(b, h, idx.shape[1], dh))
+    """t [B, H, N, Dh], idx [b, n] -> [b, H, n, Dh] (b <= B: the first b rows, e.g. the conditional branch)."""
+    _, h, _, dh = t.shape
+    return torch.gather(t, 2, idx[:, None, :, None].expand(idx.shape[0], h, idx.shape[1], dh))
 
 
 def scatter_heads(t: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
