@@ -65,9 +65,24 @@ class Strategy:
     def begin(self, model, batch_size: int, num_iter: int) -> None:
         """Called once before the first step of a batch; reset caches here."""
 
+    def is_refresh(self, step: int) -> bool:
+        """Whether ``step`` recomputes every row of every layer (refreshing all caches); True for the full model."""
+        return True
+
+    def hidden(self, model, state, timer) -> torch.Tensor:
+        """The decoder's last hidden state [B', S+L, D] (before ``decoder_norm``) for the step's branches.
+
+        Strategies that implement it get :meth:`transformer` for free and can be composed (the condition cache of
+        the ``compose`` strategy derives the unconditional branch from it). ``state`` may hold the conditional
+        branch only (``state.branches == ("cond",)``) on steps that do not refresh.
+        """
+        raise NotImplementedError(f"strategy {self.name!r} does not expose its decoder hidden state")
+
     def transformer(self, model, state, timer) -> torch.Tensor:
         """Return the decoder output z [B', L, D] for the step's branches (cond first, then uncond)."""
-        raise NotImplementedError
+        x = self.hidden(model, state, timer)
+        with timer("decoder"):
+            return model.decoder_output(x)
 
     def head_sample(self, model, z, state, rng) -> torch.Tensor:
         """Sample the step's token latents [M', C] from the selected rows ``z`` [M', D] (all branches)."""

@@ -99,6 +99,9 @@ class LazyMARStrategy(Strategy):
         c = self.config
         return step < c.warmup_steps or (step - c.warmup_steps) % c.refresh_interval == 0 or self.dec_in is None
 
+    def is_refresh(self, step: int) -> bool:
+        return self.is_full(step)
+
     def transformer(self, model, state, timer):
         derive = self.config.condition_cache and len(state.branches) == 2
         rows = state.batch_size if derive else state.tokens_in.shape[0]   # branch rows computed on cached steps
