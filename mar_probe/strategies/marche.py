@@ -13,6 +13,19 @@ its own position-indexed cache of keys/values per layer and of its last-layer ou
   the cache. Rows not active take their stack output from the output cache.
 * Everything is recomputed (and the caches refreshed) at step 0 and whenever ``step % refresh_period == 0``.
 
+Beyond the paper (options, all off by default):
+
+* ``selection="oracle"``: rank by the *true* drift — the relative error of each row's cached K/V against the full
+  model's fresh K/V on the same inputs, averaged over the cached layers (the reference forward of
+  :mod:`~mar_probe.strategies.reference`; not counted in time or FLOPs: an upper bound for selection rules).
+* ``refresh_threshold > 0``: drift-triggered refresh. The cheap estimate is the mean relative change, over the
+  decoder's rows, of the selection layer's output since the last refresh (that layer runs in full every step
+  anyway); a step refreshes when the estimate measured at the previous step exceeds the threshold, or when
+  ``refresh_period`` steps have passed since the last refresh (a cap; set it to the step count to disable).
+* ``refresh_mass > 0``: a budget that adapts per step: the fewest top-ranked refreshing rows whose share of the
+  ranking scores over the non-must rows reaches ``refresh_mass`` (the maximum over batch rows, so every row keeps
+  the same count), never more than ``budget - |must|``.
+
 Decoder: anchors = generating tokens (decoded at this step, whose outputs the head needs); must = generating +
 caching tokens (decoded at the previous step, whose decoder input changed). Encoder: the generating tokens are
 not in the encoder (it sees only known tokens), so the anchors and must rows are the caching tokens: they are
@@ -30,8 +43,9 @@ from . import register
 from .base import StepPlan, Strategy, count_blocks, count_embeddings, stack_blocks
 from .layers import (KVCache, active_attention, block_mlp, full_block, gather_heads, gather_rows, rows_of,
                      scatter_rows)
+from .reference import kv_error, reference_trace, relative_error
 
-SELECTIONS = ("attention", "low-attention", "random")
+SELECTIONS = ("attention", "low-attention", "random", "oracle")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,9 +55,12 @@ class MARcheConfig:
     budget : active rows per cached layer (generating + caching + refreshing).
     selection_layer : 1-based layer whose head-averaged attention ranks the rows; layers up to it run in full.
     refresh_period : full recompute when ``step % refresh_period == 0`` (and at step 0).
-    selection : ``attention`` (top-K attended), ``low-attention`` (least attended) or ``random``.
+    selection : ``attention`` (top-K attended), ``low-attention`` (least attended), ``random`` or ``oracle``
+        (top-K true K/V drift, see the module docstring).
     stacks : stacks that use cache-aware layers (``encoder``, ``decoder``).
     seed : seed of the ``random`` selection.
+    refresh_threshold : > 0: drift-triggered refresh at this estimate (``refresh_period`` is then a cap).
+    refresh_mass : in (0, 1]: adaptive budget covering this share of the ranking scores (0: fixed budget).
     """
     budget: int = 64
     selection_layer: int = 2
@@ -51,6 +68,8 @@ class MARcheConfig:
     selection: str = "attention"
     stacks: tuple[str, ...] = ("encoder", "decoder")
     seed: int = 0
+    refresh_threshold: float = 0.0
+    refresh_mass: float = 0.0
 
     def __post_init__(self):
         for name in ("budget", "selection_layer", "refresh_period"):
@@ -62,6 +81,13 @@ class MARcheConfig:
         bad = [s for s in self.stacks if s not in ("encoder", "decoder")]
         if bad or not isinstance(self.stacks, tuple):
             raise ValueError(f"marche stacks must be a tuple of 'encoder'/'decoder', got {self.stacks!r}")
+        if not self.refresh_threshold >= 0:
+            raise ValueError(f"marche refresh_threshold must be >= 0 (0: periodic refresh), got {self.refresh_threshold!r}")
+        if not 0 <= self.refresh_mass <= 1:
+            raise ValueError(f"marche refresh_mass must be in [0, 1] (0: fixed budget), got {self.refresh_mass!r}")
+        if self.refresh_mass > 0 and self.selection in ("random", "low-attention"):
+            raise ValueError(f"marche refresh_mass needs a ranking score (selection 'attention' or 'oracle'), "
+                             f"got selection {self.selection!r}")
 
 
 @register("marche")
@@ -77,6 +103,9 @@ class MARcheStrategy(Strategy):
         self.outputs: dict[str, torch.Tensor] = {}
         self.prev_to_pred = None
         self.generator = None
+        self.reference = None                 # oracle: the full model's trace of the current step
+        self.snapshot: dict[str, torch.Tensor] = {}   # drift trigger: selection-layer output at the last refresh
+        self.drift_estimate, self.last_refresh = 0.0, 0
 
     @classmethod
     def exact_options(cls, num_iter):
@@ -88,15 +117,24 @@ class MARcheStrategy(Strategy):
             raise ValueError(f"marche budget {self.config.budget!r} exceeds the sequence: expected at most "
                              f"{n} rows (buffer {model.buffer_size} + {model.seq_len} tokens)")
         self.caches = {s: KVCache() for s in ("encoder", "decoder")}
-        self.outputs, self.prev_to_pred = {}, None
+        self.outputs, self.prev_to_pred, self.snapshot = {}, None, {}
+        self.drift_estimate, self.last_refresh = 0.0, 0
         self.generator = torch.Generator(next(model.parameters()).device).manual_seed(self.config.seed)
 
     def is_refresh(self, step: int) -> bool:
         """Whether every row of every layer is recomputed at ``step``."""
-        return step == 0 or step % self.config.refresh_period == 0 or self.prev_to_pred is None
+        c = self.config
+        if step == 0 or self.prev_to_pred is None:
+            return True
+        if c.refresh_threshold > 0:
+            return self.drift_estimate > c.refresh_threshold or step - self.last_refresh >= c.refresh_period
+        return step % c.refresh_period == 0
 
-    def transformer(self, model, state, timer):
+    def hidden(self, model, state, timer):
         refresh = self.is_refresh(state.step)
+        if refresh:
+            self.last_refresh, self.drift_estimate = state.step, 0.0
+        self.reference = reference_trace(model, state) if self.config.selection == "oracle" and not refresh else None
         plan = StepPlan(refresh=refresh, computed=state.branches)
         s, n_dec = model.buffer_size, model.buffer_size + model.seq_len
         b = state.tokens_in.shape[0]
@@ -113,11 +151,10 @@ class MARcheStrategy(Strategy):
             pos = torch.arange(n_dec, device=x.device).expand(b, -1)
             must = (gen | prev) if not refresh else None
             x = self._stack(model, "decoder", x, pos, gen, must, refresh, plan, timer)
-            z = model.decoder_output(x)
         count_embeddings(timer, model, b, state.enc_positions.shape[1])
         self.prev_to_pred = state.to_pred
         state.extras["plan"] = plan
-        return z
+        return x
 
     def _prev_full(self, model, state, b):
         prev = torch.zeros_like(state.mask_in) if self.prev_to_pred is None else \
@@ -134,6 +171,10 @@ class MARcheStrategy(Strategy):
         for i in range(sel - 1):
             x, _, _ = full_block(blocks[i], x)
         x, scores = self._selection_block(blocks[sel - 1], x, anchors)    # scores [B', N]
+        if self.config.selection == "oracle":
+            scores = self._drift_scores(stack, pos)
+        if self.config.refresh_threshold > 0 and stack == "decoder":
+            self.drift_estimate = float(relative_error(x, self.snapshot[stack][:b]).mean())
         active = self._select(scores, must)                                # [B', N] bool
         act_idx, cached_idx = rows_of(active), rows_of(~active)            # [B', Na], [B', Nc]
         pos_a, pos_c = torch.gather(pos, 1, act_idx), torch.gather(pos, 1, cached_idx)
@@ -166,6 +207,8 @@ class MARcheStrategy(Strategy):
             x, k, v = full_block(block, x)
             if i >= self.config.selection_layer:
                 cache.store(i, k, v, full_positions, length)
+            if i == self.config.selection_layer - 1 and self.config.refresh_threshold > 0:
+                self.snapshot[stack] = x
         if stack not in self.outputs:
             self.outputs[stack] = x.new_zeros(b, length, x.shape[-1])
         scatter_rows(self.outputs[stack], pos, x)
@@ -185,11 +228,20 @@ class MARcheStrategy(Strategy):
         probs = torch.softmax((qa @ k.transpose(-2, -1)) * block.attn.scale, dim=-1)  # [B', H, Na, N]
         return out, probs.mean(dim=(1, 2))
 
+    def _drift_scores(self, stack, pos):
+        """Oracle ranking [B', N]: relative error of the cached K/V of the rows at ``pos`` against the reference,
+        mean over the cached layers."""
+        ref, cache = self.reference.stack(stack), self.caches[stack]
+        layers = range(self.config.selection_layer, len(ref.k))
+        return sum(kv_error(*cache.fetch(i, pos), ref.k[i], ref.v[i]) for i in layers) / len(layers)
+
     def _select(self, scores, must):
         """Active rows [B', N]: ``must`` plus the top-K others by the selection rule, K = budget - |must|."""
         n_must = int(must[0].sum())
         k = max(0, min(self.config.budget - n_must, must.shape[1] - n_must))
         active = must.clone()
+        if k > 0 and self.config.refresh_mass > 0:
+            k = min(k, _mass_count(scores.masked_fill(must, 0.0).clamp_min(0.0), self.config.refresh_mass))
         if k == 0:
             return active
         rule = self.config.selection
@@ -199,3 +251,11 @@ class MARcheStrategy(Strategy):
             scores = -scores
         scores = scores.masked_fill(must, float("-inf"))
         return active.scatter_(1, scores.topk(k, dim=1).indices, True)
+
+
+def _mass_count(scores: torch.Tensor, mass: float) -> int:
+    """Fewest top rows whose scores reach ``mass`` of each row's total [B', N] -> count (max over batch rows)."""
+    top = scores.sort(dim=1, descending=True).values
+    cum = top.cumsum(1)
+    need = (cum < mass * cum[:, -1:]).sum(1) + 1                     # [B']
+    return int(need.max())
