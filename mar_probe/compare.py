@@ -1,0 +1,415 @@
+"""Judging strategies side by side: ``mar-probe compare`` and ``mar-probe sweep``.
+
+:func:`compare` runs chosen strategies on the same samples — same labels, seeds, generation orders and noise as
+``full`` (see :mod:`mar_probe.quality.paired`) — and reports per strategy, with intervals over seeds or images:
+
+* speed over ``full``: time (seconds spent in the encoder, decoder and head, from the strategy's own timer) and
+  FLOPs (counted by the strategy), each a ratio per seed;
+* paired fidelity against ``full``'s images: token MSE and cosine, pixel PSNR and SSIM, per image;
+* distribution quality: class-conditional accuracy and the Fréchet distance of the Fashion-MNIST classifier's
+  features (28x28 grayscale models such as the embedded default), or FID/IS for RGB images when InceptionV3 weights
+  (and reference statistics, for FID) are given; absent otherwise;
+* optionally (``shadow=True``) the mean shadow errors of what the strategy used (see :mod:`mar_probe.probe.shadow`).
+
+:func:`write_results` lays the result out as ``results.json`` (format below), ``results.csv`` (one row per
+strategy), ``samples/LABEL.npz`` (images, labels, tokens of the first seed) and ``grid.png`` (strategies in rows).
+:func:`sweep` runs one strategy over a grid of one or two options with the same machinery and adds the Pareto
+front of speed against fidelity.
+
+``results.json`` (``format = "mar_probe.compare"``, ``version = 1``)::
+
+    {"format", "version", "settings": CompareConfig.to_dict(), "machine": {...},
+     "strategies": {LABEL: {
+         "label", "config": strategy.to_dict(), "steps", "samples_path": "samples/LABEL.npz",
+         "seconds": I, "gflops": I, "speedup": {"time": I, "flops": I},
+         "fidelity": {"token_mse": D, "token_cos": D, "psnr": D, "ssim": D},
+         "quality": {"class_accuracy": I, "frechet_distance": I} or {"fid": I, "inception_score": I} or {},
+         "shadow": {"dec_kv_err": I, "enc_kv_err": I, "z_err": I} (with shadow=True),
+         "per_seed": [{"seed", "seconds", "flops", "frechet_distance", ...}, ...]}}}
+
+where ``I = {"mean", "lo", "hi", "n"}`` is a mean with its 95% Student-t interval over seeds (speed, Fréchet
+distance, FID, IS) or images (accuracy, shadow), and ``D`` adds ``median``, ``q05``, ``q95``, ``min``, ``max``
+over all images of all seeds. ``full``'s own fidelity is exact (MSE 0, PSNR 100 dB = identical).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .machine import machine
+from .quality.paired import paired_fidelity, summarize
+
+FORMAT, VERSION = "mar_probe.compare", 1
+FIDELITY = ("token_mse", "token_cos", "psnr", "ssim")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyRun:
+    """One column of a comparison: a registered strategy ``name`` with ``options``, shown as ``label``."""
+    label: str
+    name: str
+    options: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self):
+        from . import strategies
+        object.__setattr__(self, "options", tuple(sorted((str(k), v) for k, v in dict(self.options).items())))
+        strategies.create(self.name, **dict(self.options))                  # fail early on names and options
+
+    def create(self):
+        from . import strategies
+        return strategies.create(self.name, **dict(self.options))
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "name": self.name, "options": dict(self.options)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StrategyRun":
+        return cls(label=data["label"], name=data["name"], options=tuple(dict(data.get("options", {})).items()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareConfig:
+    """What :func:`compare` runs. ``full`` is added first when absent (it is the reference)."""
+    runs: tuple[StrategyRun, ...]
+    num_samples: int = 20
+    labels: tuple[int, ...] | None = None
+    seeds: tuple[int, ...] = (0,)
+    num_iter: int = 64
+    cfg: float = 3.0
+    cfg_schedule: str = "linear"
+    temperature: float = 1.0
+    batch_size: int = 64
+    rng: str = "own"
+    grid_images: int = 8
+    shadow: bool = False
+    inception_weights: str | None = None
+    inception_reference: str | None = None
+
+    def __post_init__(self):
+        runs = tuple(self.runs)
+        if not any(r.label == "full" for r in runs):
+            runs = (StrategyRun(label="full", name="full"),) + runs
+        labels = [r.label for r in runs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"strategy labels must be unique, got {labels!r}")
+        full = next(r for r in runs if r.label == "full")
+        if full.name != "full" or full.options:
+            raise ValueError(f"the label 'full' is the reference and must be the plain full strategy, got {full!r}")
+        object.__setattr__(self, "runs", runs)
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct and at least one, got {self.seeds!r}")
+        for name in ("num_samples", "num_iter", "batch_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.grid_images < 0:
+            raise ValueError(f"grid_images must be >= 0, got {self.grid_images!r}")
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["runs"] = [r.to_dict() for r in self.runs]
+        d["labels"] = list(self.labels) if self.labels is not None else None
+        d["seeds"] = list(self.seeds)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CompareConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown CompareConfig field(s) {unknown!r}; expected a subset of {sorted(known)!r}")
+        data = dict(data, runs=tuple(StrategyRun.from_dict(r) for r in data["runs"]))
+        for key in ("labels", "seeds"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+    def label_array(self, num_classes: int) -> np.ndarray:
+        base = np.array(self.labels if self.labels is not None else range(num_classes), dtype=np.int64)
+        return np.resize(base, self.num_samples)
+
+
+@dataclass
+class SeedRun:
+    """One strategy on one seed: what :func:`compare` keeps of a sampling run."""
+    seed: int
+    seconds: float
+    flops: int
+    steps: int
+    tokens: np.ndarray
+    images: np.ndarray | None
+    labels: np.ndarray
+    shadow: dict = field(default_factory=dict)
+
+
+def run_strategy(model, run: StrategyRun, labels, seed: int, config: CompareConfig, vae=None) -> SeedRun:
+    """Sample ``labels`` with one strategy and seed; keeps tokens, images, seconds and FLOPs."""
+    from .api import sample
+    from .probe.shadow import sample_with_shadow
+    kw = dict(num_iter=config.num_iter, cfg=config.cfg, cfg_schedule=config.cfg_schedule,
+              temperature=config.temperature, seed=seed, rng=config.rng, batch_size=config.batch_size,
+              strategy=run.create(), vae=vae)
+    shadow = {}
+    if config.shadow:
+        res, ds = sample_with_shadow(model, labels, **kw)
+        shadow = {v: ds[v].values for v in ("enc_kv_err", "dec_kv_err", "z_err")}
+    else:
+        res = sample(model, labels, **kw)
+    tot = res.cost["totals"]
+    return SeedRun(seed, float(tot["seconds_total"]), int(tot["flops_total"]), len(res.cost["steps"]),
+                   res.tokens.numpy(), res.images, np.asarray(res.labels), shadow)
+
+
+@dataclass
+class CompareResult:
+    """What :func:`compare` returns: ``results`` (the ``results.json`` dict) and the ``runs`` per label and seed."""
+    results: dict
+    runs: dict
+
+
+def compare(model, config: CompareConfig, vae=None, progress: bool = True) -> CompareResult:
+    """Run every strategy of ``config`` on every seed (strategies interleaved per seed, so that a busy machine
+    slows all alike) and judge them against ``full`` (see the module docstring)."""
+    labels = config.label_array(model.num_classes)
+    runs: dict[str, list[SeedRun]] = {r.label: [] for r in config.runs}
+    jobs = [(seed, r) for seed in config.seeds for r in config.runs]
+    for seed, r in tqdm(jobs, desc="compare", disable=not progress):
+        runs[r.label].append(run_strategy(model, r, labels, seed, config, vae))
+    judge = QualityJudge.for_images(runs["full"][0].images, config)
+    strategies = {r.label: summarize_runs(r, runs[r.label], runs["full"], judge) for r in config.runs}
+    results = {"format": FORMAT, "version": VERSION, "settings": config.to_dict(), "machine": machine(),
+               "model": model.config.name, "strategies": strategies}
+    return CompareResult(results, runs)
+
+
+def write_results(result: CompareResult, out) -> Path:
+    """Write ``results.json``, ``results.csv``, ``samples/LABEL.npz`` (first seed) and ``grid.png`` to ``out``."""
+    from .plot.compare import save_strategy_grid
+    out = Path(out)
+    (out / "samples").mkdir(parents=True, exist_ok=True)
+    images = {}
+    for label, seeds in result.runs.items():
+        first = seeds[0]
+        arrays = dict(labels=first.labels, tokens=first.tokens)
+        if first.images is not None:
+            arrays["images"] = images[label] = first.images
+        path = out / "samples" / f"{_file_label(label)}.npz"
+        np.savez(path, **arrays)
+        if first.images is not None:
+            result.results["strategies"][label]["samples_path"] = str(path.relative_to(out))
+    (out / "results.json").write_text(json.dumps(result.results, indent=2, default=_json_default))
+    results_frame(result.results).to_csv(out / "results.csv", index=False)
+    n = result.results["settings"]["grid_images"]
+    if images and n:
+        save_strategy_grid({k: v[:n] for k, v in images.items()}, out / "grid.png")
+    return out
+
+
+def _file_label(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in label)
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__!r}")
+
+
+COLUMNS = (("speedup.time", "speedup_time"), ("speedup.flops", "speedup_flops"), ("seconds", "seconds"),
+           ("gflops", "gflops"), ("fidelity.token_mse", "token_mse"), ("fidelity.token_cos", "token_cos"),
+           ("fidelity.psnr", "psnr"), ("fidelity.ssim", "ssim"), ("quality.class_accuracy", "class_accuracy"),
+           ("quality.frechet_distance", "frechet_distance"), ("quality.fid", "fid"),
+           ("quality.inception_score", "inception_score"), ("shadow.dec_kv_err", "shadow_dec_kv_err"),
+           ("shadow.z_err", "shadow_z_err"))
+
+
+def _lookup(entry: dict, dotted: str):
+    for key in dotted.split("."):
+        entry = entry.get(key) if isinstance(entry, dict) else None
+    return entry
+
+
+def results_frame(results: dict):
+    """One row per strategy: label, strategy config, steps and ``METRIC``/``METRIC_lo``/``METRIC_hi`` columns."""
+    import pandas as pd
+    rows = []
+    for label, e in results["strategies"].items():
+        row = {"label": label, "strategy": e["config"]["name"], "options": json.dumps(
+            {k: v for k, v in e["config"].items() if k != "name"}, default=_json_default), "steps": e["steps"]}
+        for dotted, col in COLUMNS:
+            val = _lookup(e, dotted)
+            if isinstance(val, dict):
+                row.update({col: val["mean"], f"{col}_lo": val["lo"], f"{col}_hi": val["hi"]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def format_table(results: dict) -> str:
+    """The comparison as a Markdown table: mean [95% interval] per metric."""
+    df = results_frame(results)
+    cols = [c for _, c in COLUMNS if c in df.columns and c not in ("seconds", "gflops")]
+    lines = ["| strategy | steps | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+    for _, row in df.iterrows():
+        cells = [_cell(row, c) for c in cols]
+        lines.append(f"| {row['label']} | {row['steps']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(row, col: str) -> str:
+    val = row.get(col)
+    if val is None or (isinstance(val, float) and np.isnan(val)):
+        return "-"
+    lo, hi = row.get(f"{col}_lo"), row.get(f"{col}_hi")
+    fmt = "{:.3g}"
+    if lo is None or hi is None or np.isnan(lo) or lo == hi:
+        return fmt.format(val)
+    return f"{fmt.format(val)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def _interval(values) -> dict:
+    s = summarize(np.asarray(values, dtype=np.float64))
+    return {k: s[k] for k in ("mean", "lo", "hi", "n")}
+
+
+def summarize_runs(run: StrategyRun, seeds: list[SeedRun], full: list[SeedRun], judge) -> dict:
+    """One strategy's entry: speed ratios per seed, paired fidelity over all images, quality, shadow."""
+    fid = [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(seeds, full)]
+    fidelity = {k: summarize(np.concatenate([d[k].values for d in fid])) for k in FIDELITY if k in fid[0]}
+    per_seed = [{"seed": s.seed, "seconds": s.seconds, "flops": s.flops} for s in seeds]
+    quality = judge(seeds, per_seed) if judge is not None else {}
+    entry = {"label": run.label, "config": dict(run.create().to_dict()), "steps": seeds[0].steps,
+             "seconds": _interval([s.seconds for s in seeds]), "gflops": _interval([s.flops / 1e9 for s in seeds]),
+             "speedup": {"time": _interval([f.seconds / s.seconds for s, f in zip(seeds, full)]),
+                         "flops": _interval([f.flops / s.flops for s, f in zip(seeds, full)])},
+             "fidelity": fidelity, "quality": quality, "per_seed": per_seed}
+    if seeds[0].shadow:
+        entry["shadow"] = {k: _interval(np.concatenate([np.ravel(s.shadow[k]) for s in seeds]))
+                           for k in seeds[0].shadow}
+    return entry
+
+
+class QualityJudge:
+    """Distribution quality of one strategy's images per seed: Fashion-MNIST classifier metrics for 28x28
+    grayscale images, FID/IS for RGB images when InceptionV3 weights are given."""
+
+    def __init__(self, kind: str, config: CompareConfig):
+        self.kind, self.config = kind, config
+        if kind == "fashion":
+            from .quality import load_classifier, load_reference_stats
+            self.classifier, self.reference = load_classifier(), load_reference_stats()
+        else:
+            from .quality import load_inception
+            self.inception = load_inception(config.inception_weights)
+
+    @classmethod
+    def for_images(cls, images, config: CompareConfig) -> "QualityJudge | None":
+        """The judge that fits these images, or None (no images, or RGB without Inception weights)."""
+        from .quality.report import _is_grayscale_28
+        if images is None:
+            return None
+        if _is_grayscale_28(images):
+            return cls("fashion", config)
+        if images.ndim == 4 and images.shape[-1] == 3 and config.inception_weights:
+            return cls("imagenet", config)
+        return None
+
+    def __call__(self, seeds: list[SeedRun], per_seed: list[dict]) -> dict:
+        if self.kind == "fashion":
+            return self._fashion(seeds, per_seed)
+        return self._imagenet(seeds, per_seed)
+
+    def _fashion(self, seeds, per_seed) -> dict:
+        from .quality import classifier_outputs, feature_stats, frechet_distance
+        correct, fds = [], []
+        for s, rec in zip(seeds, per_seed):
+            feats, logits = classifier_outputs(self.classifier, s.images)
+            ok = logits.argmax(1) == s.labels
+            fd = frechet_distance(*feature_stats(feats), self.reference["mu"], self.reference["sigma"])
+            rec.update(class_accuracy=float(ok.mean()), frechet_distance=fd)
+            correct.append(ok)
+            fds.append(fd)
+        return {"class_accuracy": _interval(np.concatenate(correct)), "frechet_distance": _interval(fds)}
+
+    def _imagenet(self, seeds, per_seed) -> dict:
+        from .quality.report import imagenet_report
+        reps = [imagenet_report(s.images, self.inception, self.config.inception_reference) for s in seeds]
+        for rec, rep in zip(per_seed, reps):
+            rec.update(fid=rep["fid"], inception_score=rep["inception_score"])
+        out = {"inception_score": _interval([r["inception_score"] for r in reps])}
+        if reps[0]["fid"] is not None:
+            out["fid"] = _interval([r["fid"] for r in reps])
+        return out
+
+
+# ---- sweep ----------------------------------------------------------------------------------------------------
+HIGHER_IS_BETTER = {"token_cos": True, "psnr": True, "ssim": True, "class_accuracy": True, "inception_score": True,
+                    "token_mse": False, "frechet_distance": False, "fid": False, "shadow_dec_kv_err": False,
+                    "shadow_z_err": False}
+
+
+def sweep_runs(name: str, grid: dict, options: dict | None = None, baselines=()) -> tuple[StrategyRun, ...]:
+    """One :class:`StrategyRun` per point of a grid of one or two options of strategy ``name`` (labels
+    ``"budget=16"`` or ``"budget=16,refresh_period=3"``), after ``full`` and the named baseline strategies."""
+    if not 1 <= len(grid) <= 2:
+        raise ValueError(f"a sweep varies one or two options, got {len(grid)}: {sorted(grid)!r}")
+    options = dict(options or {})
+    clash = sorted(set(grid) & set(options))
+    if clash:
+        raise ValueError(f"option(s) {clash!r} are both swept and fixed; expected each in one place")
+    keys = list(grid)
+    points = [(a,) for a in grid[keys[0]]] if len(keys) == 1 else \
+        [(a, b) for a in grid[keys[0]] for b in grid[keys[1]]]
+    runs = [StrategyRun(label="full", name="full")]
+    runs += [StrategyRun(label=b, name=b) for b in baselines if b != "full"]
+    for point in points:
+        opts = dict(zip(keys, point))
+        label = ",".join(f"{k}={v}" for k, v in opts.items())
+        runs.append(StrategyRun(label=label, name=name, options=tuple({**options, **opts}.items())))
+    return tuple(runs)
+
+
+def pareto_front(speed, fidelity, higher_is_better: bool = True) -> np.ndarray:
+    """Indices of the points that no other point beats on both speed (higher) and fidelity, sorted by speed."""
+    x = np.asarray(speed, dtype=np.float64)
+    y = np.asarray(fidelity, dtype=np.float64) * (1 if higher_is_better else -1)
+    ok = np.isfinite(x) & np.isfinite(y)
+    front = [i for i in np.flatnonzero(ok)
+             if not (ok & (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))).any()]
+    return np.array(sorted(front, key=lambda i: x[i]), dtype=np.int64)
+
+
+def sweep_frame(results: dict, grid_keys, speed: str = "speedup_flops", fidelity: str = "psnr"):
+    """The results table of a sweep with one column per swept option and an ``on_front`` flag."""
+    df = results_frame(results)
+    for key in grid_keys:
+        df[key] = [_lookup(results["strategies"][lab], f"config.{key}") if results["strategies"][lab]["config"]
+                   ["name"] == results["sweep"]["strategy"] else None for lab in df["label"]]
+    on = np.zeros(len(df), dtype=bool)
+    if speed in df and fidelity in df:
+        on[pareto_front(df[speed], df[fidelity], HIGHER_IS_BETTER.get(fidelity, True))] = True
+    df["on_front"] = on
+    return df
+
+
+def write_sweep(result: CompareResult, out, strategy: str, grid: dict, speed: str = "speedup_flops",
+                fidelity: str = "psnr") -> Path:
+    """:func:`write_results` plus ``sweep.csv`` (with the swept options and the Pareto flag) and ``pareto.png``."""
+    from .plot.compare import pareto_plot
+    result.results["sweep"] = {"strategy": strategy, "grid": {k: list(v) for k, v in grid.items()},
+                               "speed": speed, "fidelity": fidelity}
+    out = write_results(result, out)
+    df = sweep_frame(result.results, list(grid), speed, fidelity)
+    df.to_csv(out / "sweep.csv", index=False)
+    if speed in df and fidelity in df:
+        ax = pareto_plot(df, speed, fidelity)
+        ax.figure.savefig(out / "pareto.png", dpi=120)
+        import matplotlib.pyplot as plt
+        plt.close(ax.figure)
+    return out

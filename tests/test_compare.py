@@ -1,0 +1,205 @@
+"""Paired fidelity, mar-probe compare and sweep, and their figures."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import mar_probe
+from mar_probe import cli
+from mar_probe.compare import (CompareConfig, QualityJudge, SeedRun, StrategyRun, compare, format_table,
+                               pareto_front, sweep_runs, write_results)
+from mar_probe.quality.paired import PSNR_IDENTICAL, paired_fidelity, psnr, ssim, summarize, token_cosine, token_mse
+
+
+# ---- paired metrics ----------------------------------------------------------------------------------------
+def test_psnr_golden_values():
+    a = np.random.default_rng(0).integers(0, 256, (3, 28, 28, 1)).astype(np.uint8)
+    b = a.copy()
+    b[0, 3, 4, 0] ^= 1                                                       # one level in one pixel
+    b[1] = 255 - a[1]
+    got = psnr(a, b)
+    assert got[0] == pytest.approx(10 * np.log10(255.0 ** 2 * 784), abs=1e-9)     # 77.07 dB
+    mse1 = ((a[1].astype(float) - b[1]) ** 2).mean()
+    assert got[1] == pytest.approx(10 * np.log10(255.0 ** 2 / mse1), abs=1e-9)
+    assert got[2] == PSNR_IDENTICAL
+
+
+def test_ssim_matches_closed_form_for_constant_images():
+    # constant images: SSIM = (2 m1 m2 + C1) / (m1^2 + m2^2 + C1), C1 = (0.01 * 255)^2 (variances are 0)
+    x, y = np.full((1, 16, 16), 100, np.uint8), np.full((1, 16, 16), 110, np.uint8)
+    c1 = (0.01 * 255) ** 2
+    assert ssim(x, y)[0] == pytest.approx((2 * 100 * 110 + c1) / (100 ** 2 + 110 ** 2 + c1), abs=1e-12)
+    assert ssim(x, x)[0] == 1.0
+
+
+def test_token_metrics_and_shape_errors():
+    t = np.random.default_rng(1).normal(size=(2, 5, 4))
+    assert np.allclose(token_cosine(t, t), 1) and np.allclose(token_cosine(t, -t), -1)
+    assert np.allclose(token_mse(t, t + 0.5), 0.25)
+    ds = paired_fidelity(np.zeros((2, 4, 2, 2)), np.zeros((2, 4, 2, 2)))  # [N, C, H, W] layout; zero tokens
+    assert ds["token_cos"].values.tolist() == [1.0, 1.0] and "psnr" not in ds
+    with pytest.raises(ValueError, match=r"same shape \[N, ...\], got \(2, 5, 4\) and \(3, 5, 4\)"):
+        token_mse(t, np.zeros((3, 5, 4)))
+
+
+def test_summarize_t_interval():
+    s = summarize([1.0, 2.0, 3.0, np.nan])
+    assert s["mean"] == 2.0 and s["n"] == 3 and s["median"] == 2.0
+    assert s["hi"] - s["mean"] == pytest.approx(4.302652729911275 / np.sqrt(3), rel=1e-9)   # t(0.975, 2) * sem
+    assert summarize([5.0])["lo"] == 5.0 and summarize([])["mean"] is None
+
+
+# ---- compare -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    model = mar_probe.create_model("mar_tiny", encoder_depth=3, decoder_depth=4, num_sampling_steps="4").eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+@pytest.fixture(scope="module")
+def compared(tiny):
+    runs = (StrategyRun(label="marche", name="marche", options=(("budget", 20),)),
+            StrategyRun(label="exact", name="marche", options=(("refresh_period", 1),)))
+    config = CompareConfig(runs=runs, num_samples=2, seeds=(0, 1), num_iter=4, grid_images=2)
+    return config, compare(tiny, config, progress=False)
+
+
+def test_compare_is_paired_against_full(compared):
+    config, result = compared
+    assert [r.label for r in config.runs] == ["full", "marche", "exact"]           # full added first
+    s = result.results["strategies"]
+    for label in ("full", "exact"):                                              # exact = full, image by image
+        f = s[label]["fidelity"]
+        assert f["token_mse"]["max"] == 0 and f["psnr"]["min"] == PSNR_IDENTICAL and f["ssim"]["min"] == 1
+        assert f["psnr"]["n"] == 4                                               # 2 images x 2 seeds
+    assert s["marche"]["fidelity"]["token_mse"]["mean"] > 0
+    full, marche = result.runs["full"], result.runs["marche"]
+    assert s["marche"]["speedup"]["flops"]["mean"] == pytest.approx(
+        np.mean([f.flops / m.flops for f, m in zip(full, marche)]))
+    assert s["exact"]["speedup"]["flops"]["mean"] == 1.0
+    assert s["full"]["quality"] == {}                                            # 8x8 images: no judge
+
+
+def test_write_results_round_trip_and_widget(compared, tmp_path):
+    config, result = compared
+    out = write_results(result, tmp_path / "cmp")
+    data = json.loads((out / "results.json").read_text())
+    assert data["format"] == "mar_probe.compare" and data["version"] == 1
+    assert CompareConfig.from_dict(data["settings"]) == config
+    assert data["strategies"]["marche"]["config"]["budget"] == 20
+    with np.load(out / data["strategies"]["marche"]["samples_path"]) as f:
+        assert f["images"].shape == (2, 8, 8, 1)
+    csv = (out / "results.csv").read_text().splitlines()
+    assert csv[0].startswith("label,strategy,options,steps,speedup_time") and len(csv) == 4
+    assert (out / "grid.png").stat().st_size > 0
+    table = format_table(data)
+    assert table.splitlines()[2].startswith("| full | 4 | 1 |")
+    from mar_probe.widgets import load_results
+    entries = {e.name: e for e in load_results(out)}
+    assert set(entries) == {"full", "marche", "exact"} and entries["marche"].images.shape == (2, 8, 8, 1)
+
+
+def test_fashion_judge_per_image_accuracy_and_per_seed_frechet():
+    from mar_probe.quality import fashion_frechet, load_classifier, load_reference_stats, predict
+    rng = np.random.default_rng(0)
+    seeds = [SeedRun(s, 1.0, 1, 1, np.zeros(1), rng.integers(0, 256, (4, 28, 28, 1)).astype(np.uint8),
+                     np.array([0, 1, 2, 3])) for s in (0, 1)]
+    config = CompareConfig(runs=(), num_samples=4)
+    per_seed = [{}, {}]
+    q = QualityJudge.for_images(seeds[0].images, config)(seeds, per_seed)
+    clf, ref = load_classifier(), load_reference_stats()
+    correct = np.concatenate([predict(clf, s.images) == s.labels for s in seeds])
+    assert q["class_accuracy"]["mean"] == correct.mean() and q["class_accuracy"]["n"] == 8
+    fds = [fashion_frechet(s.images, clf, ref) for s in seeds]
+    assert [r["frechet_distance"] for r in per_seed] == pytest.approx(fds)
+    assert q["frechet_distance"]["mean"] == pytest.approx(np.mean(fds)) and q["frechet_distance"]["n"] == 2
+    assert QualityJudge.for_images(np.zeros((2, 8, 8, 3), np.uint8), config) is None      # RGB, no weights
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(runs=(StrategyRun(label="a", name="marche"), StrategyRun(label="a", name="lazymar"))), "labels must be unique"),
+    (dict(runs=(StrategyRun(label="full", name="marche"),)), "'full' is the reference"),
+    (dict(runs=(), seeds=(1, 1)), "seeds must be distinct"),
+    (dict(runs=(), num_iter=0), "num_iter must be a positive integer, got 0"),
+])
+def test_compare_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CompareConfig(**kwargs)
+
+
+def test_strategy_run_rejects_bad_options():
+    with pytest.raises(ValueError, match="has no option"):
+        StrategyRun(label="m", name="marche", options=(("budjet", 3),))
+
+
+# ---- sweep ---------------------------------------------------------------------------------------------------
+def test_pareto_front():
+    speed, fid = [1.0, 2.0, 3.0, 2.5, 1.5], [30.0, 25.0, 20.0, 10.0, 20.0]
+    assert pareto_front(speed, fid).tolist() == [0, 1, 2]                     # 3 and 4 are dominated
+    assert pareto_front(speed, fid, higher_is_better=False).tolist() == [3, 2]
+
+
+def test_sweep_runs_grid_and_errors():
+    runs = sweep_runs("marche", {"budget": [16, 32], "refresh_period": [2, 4]}, {"selection": "random"}, ["lazymar"])
+    assert [r.label for r in runs] == ["full", "lazymar", "budget=16,refresh_period=2", "budget=16,refresh_period=4",
+                                       "budget=32,refresh_period=2", "budget=32,refresh_period=4"]
+    assert dict(runs[-1].options) == {"budget": 32, "refresh_period": 4, "selection": "random"}
+    with pytest.raises(ValueError, match="both swept and fixed"):
+        sweep_runs("marche", {"budget": [1]}, {"budget": 2})
+    with pytest.raises(ValueError, match="one or two options, got 3"):
+        sweep_runs("marche", {"budget": [1], "seed": [1], "refresh_period": [1]})
+
+
+# ---- CLI -----------------------------------------------------------------------------------------------------
+TINY = ["--model", "mar_tiny", "--num-samples", "1", "--num-iter", "3", "--num-sampling-steps", "2"]
+
+
+def test_cli_sweep_writes_csv_and_pareto(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert cli.main(["sweep", "marche", "--param", "budget=20,40", "--strategy-opt", "refresh_period=2",
+                     "--fidelity", "token_mse", "--out", str(out)] + TINY) == 0
+    lines = (out / "sweep.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert "budget" in header and "on_front" in header and len(lines) == 4
+    assert (out / "pareto.png").stat().st_size > 0
+    assert "| budget=40 |" in capsys.readouterr().out
+
+
+def test_cli_compare_option_errors(tmp_path, capsys):
+    base = ["compare", "--strategies", "full,m=marche", "--out", str(tmp_path)] + TINY
+    assert cli.main(base + ["--strategy-opt", "marche.budget=3"]) == 2
+    assert "LABEL.KEY=VALUE with LABEL one of ['full', 'm']" in capsys.readouterr().err
+    assert cli.main(base + ["--strategy-opt", "m.budjet=3"]) == 2
+    assert "has no option 'budjet'" in capsys.readouterr().err
+
+
+def test_cli_generate_shadow_writes_store_and_figure(tmp_path):
+    import xarray as xr
+    out = tmp_path / "g"
+    assert cli.main(["generate", "--strategy", "marche", "--strategy-opt", "budget=20", "--shadow",
+                     "--out", str(out)] + TINY) == 0
+    ds = xr.open_zarr(out / "shadow.zarr")
+    assert ds["dec_kv_err"].sizes == {"sample": 1, "step": 3, "branch": 2, "layer": 2, "token": 68}
+    assert ds["refresh"].values.tolist() == [[True, False, False]]
+    assert (out / "shadow.png").stat().st_size > 0
+
+
+def test_shadow_error_data_marks_refresh_steps(tiny):
+    from mar_probe.plot.compare import shadow_error_data
+    from mar_probe.probe.shadow import sample_with_shadow
+    _, ds = sample_with_shadow(tiny, [0, 1], num_iter=4, cfg=3.0, strategy=mar_probe.strategies.create(
+        "marche", budget=20, refresh_period=2))
+    df = shadow_error_data(ds, "dec_kv_err")
+    assert sorted(df["layer"].unique()) == [0, 1, 2, 3] and len(df) == 16
+    assert df.groupby("step")["refresh"].first().tolist() == [True, False, True, False]
+    cached = df[(df["step"] == 1) & (df["layer"] >= 2)]
+    assert (cached["mean"] > 0).all() and (df[df["refresh"]]["mean"] == 0).all()
+    assert shadow_error_data(ds, "z_err")["layer"].unique().tolist() == ["z"]
+    with pytest.raises(ValueError, match="has no 'nope'"):
+        shadow_error_data(ds, "nope")
