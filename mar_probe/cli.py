@@ -94,6 +94,8 @@ def _add_generate(p):
     p.add_argument("--out", default="runs/generate", help="output folder (default: runs/generate)")
     p.add_argument("--strategy", default="full", help="sampling strategy (default: full)")
     _add_strategy_opt(p)
+    p.add_argument("--shadow", action="store_true", help="also run the full model beside the strategy and write "
+                   "shadow.zarr (error of what it used, per step/layer/token) and shadow.png")
 
 
 def _add_strategy_opt(p) -> None:
@@ -113,11 +115,15 @@ def _cmd_generate(args) -> int:
     strategy = _strategy_from_args(args)
     model = build_model(args)
     labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
-    res = sample(model, labels, num_iter=args.num_iter, cfg=args.cfg, cfg_schedule=args.cfg_schedule,
-                 temperature=args.temperature, seed=args.seed, rng=args.rng, batch_size=args.batch_size,
-                 strategy=strategy, vae=_load_vae(args), progress=True)
+    kw = dict(num_iter=args.num_iter, cfg=args.cfg, cfg_schedule=args.cfg_schedule, temperature=args.temperature,
+              seed=args.seed, rng=args.rng, batch_size=args.batch_size, strategy=strategy, vae=_load_vae(args),
+              progress=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.shadow:
+        res = _generate_shadow(model, labels, kw, out)
+    else:
+        res = sample(model, labels, **kw)
     tokens = res.tokens.flatten(2).transpose(1, 2).numpy().astype(np.float32)  # [N, seq_len, token_dim]
     arrays = dict(labels=res.labels, tokens=tokens)
     if res.images is not None:
@@ -128,6 +134,126 @@ def _cmd_generate(args) -> int:
     (out / "cost.json").write_text(json.dumps(dict(strategy=res.settings["strategy"], **res.cost), indent=2))
     print(f"wrote {len(labels)} samples to {out / 'samples.npz'}" + (" and grid.png" if res.images is not None else
           " (no images: pass --vae PATH to decode latents)"))
+    return 0
+
+
+def _generate_shadow(model, labels, kw, out: Path):
+    """Sample with the shadow attached; write shadow.zarr and the error-vs-step figure."""
+    from .plot.compare import shadow_error, shadow_error_data
+    from .probe.shadow import sample_with_shadow
+    res, ds = sample_with_shadow(model, labels, **kw)
+    ds.to_zarr(out / "shadow.zarr", mode="w")
+    ax = shadow_error(shadow_error_data(ds, "dec_kv_err"))
+    ax.figure.savefig(out / "shadow.png", dpi=120)
+    print(f"shadow: mean dec K/V error {float(ds['dec_kv_err'].mean()):.4g}, z error {float(ds['z_err'].mean()):.4g}"
+          f"; wrote {out / 'shadow.zarr'} and shadow.png")
+    return res
+
+
+def _add_compare_flags(p, default_samples: int) -> None:
+    _add_model_flags(p)
+    _add_sampling_flags(p)
+    for action in p._actions:
+        if action.dest == "num_samples":
+            action.default, action.help = default_samples, f"images per seed (default: {default_samples})"
+    p.add_argument("--seeds", help="comma-separated seeds, each a paired repetition (default: --seed)")
+    p.add_argument("--shadow", action="store_true", help="also record shadow errors (slower; timings unaffected)")
+    p.add_argument("--grid-images", type=int, default=8, help="images per strategy in grid.png (default: 8)")
+    p.add_argument("--inception-weights", metavar="PATH", help="local pytorch-fid InceptionV3 weights (RGB models)")
+    p.add_argument("--inception-reference", metavar="PATH", help="MAR-format mu/sigma .npz for FID (RGB models)")
+
+
+def _add_compare(p):
+    _add_compare_flags(p, 20)
+    p.add_argument("--strategies", default="full,fewer-steps,lazymar,marche,compose",
+                   help="comma-separated NAME or LABEL=NAME (full is always run; default: %(default)s)")
+    p.add_argument("--strategy-opt", action="append", default=[], metavar="LABEL.KEY=VALUE",
+                   help="option of one strategy, repeatable (e.g. marche.budget=32)")
+    p.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
+
+
+def _compare_config(args, runs, num_classes: int):
+    from .compare import CompareConfig
+    try:
+        seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip()) if args.seeds else (args.seed,)
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    labels = tuple(parse_labels(args.labels, args.num_samples, num_classes, args.samples_per_class).tolist())
+    return CompareConfig(runs=runs, num_samples=len(labels), labels=labels, seeds=seeds, num_iter=args.num_iter,
+                         cfg=args.cfg, cfg_schedule=args.cfg_schedule, temperature=args.temperature,
+                         batch_size=args.batch_size, rng=args.rng, grid_images=args.grid_images, shadow=args.shadow,
+                         inception_weights=args.inception_weights, inception_reference=args.inception_reference)
+
+
+def parse_runs(text: str, opt_pairs) -> tuple:
+    """``"full,marche,oracle=marche"`` and ``["oracle.selection=oracle"]`` -> StrategyRun tuple."""
+    from .compare import StrategyRun
+    from .strategies import parse_options
+    entries = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        label, sep, name = item.partition("=")
+        entries.append((label, name if sep else label))
+    names = dict(entries)
+    opts: dict = {label: {} for label in names}
+    for pair in opt_pairs:
+        label, sep, kv = pair.partition(".")
+        if not sep or label not in names:
+            raise ValueError(f"--strategy-opt expects LABEL.KEY=VALUE with LABEL one of {list(names)!r}, got {pair!r}")
+        opts[label].update(parse_options(names[label], [kv]))
+    return tuple(StrategyRun(label=lab, name=names[lab], options=tuple(opts[lab].items())) for lab in names)
+
+
+def _cmd_compare(args) -> int:
+    from .compare import compare, format_table, write_results
+    runs = parse_runs(args.strategies, args.strategy_opt)
+    model = build_model(args)
+    config = _compare_config(args, runs, model.num_classes)
+    result = compare(model, config, vae=_load_vae(args))
+    out = write_results(result, args.out)
+    print(format_table(result.results))
+    print(f"wrote {out / 'results.json'}, results.csv, grid.png and samples/")
+    return 0
+
+
+def _add_sweep(p):
+    _add_compare_flags(p, 20)
+    p.add_argument("strategy", help="the strategy to sweep, e.g. marche")
+    p.add_argument("--param", action="append", required=True, metavar="KEY=V1,V2,...",
+                   help="an option and its values; once or twice (a 2-D grid)")
+    p.add_argument("--strategy-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="fixed option of the swept strategy, repeatable")
+    p.add_argument("--baselines", default="", help="other strategies to run beside, e.g. lazymar,fewer-steps")
+    p.add_argument("--speed", default="speedup_flops", choices=["speedup_flops", "speedup_time"])
+    p.add_argument("--fidelity", default="psnr", help="y axis: psnr, ssim, token_mse, token_cos, class_accuracy, "
+                   "frechet_distance, ... (default: psnr)")
+    p.add_argument("--out", default="runs/sweep", help="output folder (default: runs/sweep)")
+
+
+def parse_grid(name: str, params) -> dict:
+    """``["budget=16,32"]`` -> ``{"budget": [16, 32]}`` typed as the option of strategy ``name``."""
+    from .strategies import parse_options
+    grid = {}
+    for param in params:
+        key, sep, values = param.partition("=")
+        if not sep or not values.strip():
+            raise ValueError(f"--param expects KEY=V1,V2,..., got {param!r}")
+        grid[key.strip().replace("-", "_")] = [parse_options(name, [f"{key}={v.strip()}"])[key.strip().replace(
+            "-", "_")] for v in values.split(",") if v.strip()]
+    return grid
+
+
+def _cmd_sweep(args) -> int:
+    from .compare import compare, format_table, sweep_runs, write_sweep
+    from .strategies import parse_options
+    grid = parse_grid(args.strategy, args.param)
+    runs = sweep_runs(args.strategy, grid, parse_options(args.strategy, args.strategy_opt),
+                      [b.strip() for b in args.baselines.split(",") if b.strip()])
+    model = build_model(args)
+    config = _compare_config(args, runs, model.num_classes)
+    result = compare(model, config, vae=_load_vae(args))
+    out = write_sweep(result, args.out, args.strategy, grid, args.speed, args.fidelity)
+    print(format_table(result.results))
+    print(f"wrote {out / 'sweep.csv'}, pareto.png, results.json/csv, grid.png")
     return 0
 
 
@@ -270,6 +396,8 @@ SUBCOMMANDS = {
     "record": (_add_record, _cmd_record, "sample with the probe attached and write a zarr run store"),
     "train": (_add_train, _cmd_train, "train a small MAR (default: the embedded Fashion-MNIST model)"),
     "quality": (_add_quality, _cmd_quality, "class accuracy and Frechet distance of generated images"),
+    "compare": (_add_compare, _cmd_compare, "strategies on the same samples: speed-up, paired fidelity, quality"),
+    "sweep": (_add_sweep, _cmd_sweep, "one strategy over a grid of one or two options: trade-off CSV and Pareto plot"),
     "figures": (_add_figures, _cmd_figures, "write every analysis figure (images, CSVs, index.md) of a run"),
     "presets": (_add_presets, _cmd_presets, "list model presets"),
 }
