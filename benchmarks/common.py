@@ -2,13 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
-import socket
-import time
 from pathlib import Path
 
-import torch
+from mar_probe.machine import machine  # noqa: F401  (re-exported for the benchmarks)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -23,21 +19,6 @@ def bench_parser(doc: str):
     p.add_argument("--cfg", type=float, default=3.0)
     p.add_argument("--num-sampling-steps", default="100")
     return p
-
-
-def machine() -> dict:
-    """What the numbers were measured on."""
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
 def write_result(name: str, payload: dict) -> Path:
