@@ -7,6 +7,7 @@ import torch
 
 import mar_probe
 from mar_probe.hooks import list_hooks, resolve_hook, trace
+from mar_probe import strategies
 from mar_probe.probe import Probe, SelectionSpec
 from mar_probe.probe.spec import ACTIVATIONS
 from mar_probe.store import estimate_size
@@ -133,3 +134,121 @@ def test_estimate_size(tiny_model):
     assert sizes["images"] == 3 * 16 * 16 and sizes["mask"] == 3 * 4 * 68
     bf = estimate_size(spec.replace(dtype="float32", branches="cond"), tiny_model, 3, 4)
     assert bf["dec_k"] == sizes["dec_k"]  # half the branches, twice the bytes
+
+
+# ---- strategies that compute only some rows -----------------------------------------------------------------
+NUM_ITER = 8
+PARTIAL = {"lazymar": dict(warmup_steps=1, refresh_interval=4, retain_schedule=(0.3,)),
+           "marche": dict(budget=20, refresh_period=4)}
+
+
+@pytest.fixture(scope="module")
+def deep_tiny():
+    """mar_tiny with encoder 4, decoder 5 layers (room for every cache) and non-trivial random weights."""
+    torch.manual_seed(0)
+    model = mar_probe.create_model("mar_tiny", encoder_depth=4, decoder_depth=5, diffloss_d=5).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+class _Used:
+    """Observer of what a strategy used at each step: the K in its caches, its plan, and the head's input z."""
+
+    def __init__(self, strategy):
+        self.strategy, self.steps, self.z = strategy, [], []
+        head = strategy.head_sample
+
+        def head_sample(model, z, state, rng):
+            self.z.append(z.clone())                                    # [M', D] generating rows, branch-major
+            return head(model, z, state, rng)
+        strategy.head_sample = head_sample
+
+    def step_end(self, state, sampled):
+        s = self.strategy
+        caches = {"enc": s.caches["encoder"], "dec": s.caches["decoder"]} if hasattr(s, "caches") else \
+            {"enc": s.enc_cache, "dec": s.dec_cache}
+        self.steps.append({"plan": state.extras["plan"], "to_pred": state.to_pred.clone(),
+                           "n_enc": state.enc_positions.shape[1],
+                           "k": {st: {i: k.clone() for i, k in c.k.items()} for st, c in caches.items()}})
+
+
+def _record_strategy(model, strategy, variables=ACTIVATIONS, observers=()):
+    spec = SelectionSpec(variables=variables, dtype="float32")
+    probe = Probe.for_run(model, spec, num_samples=2, num_iter=NUM_ITER, cfg=3.0)
+    probe.begin_batch([0, 1])
+    with probe.attached():
+        res = mar_probe.sample(model, [1, 7], num_iter=NUM_ITER, cfg=3.0, seed=3, strategy=strategy,
+                               observers=[probe, *observers])
+    return probe.records, res
+
+
+@pytest.fixture(scope="module")
+def full_record(deep_tiny):
+    return _record_strategy(deep_tiny, "full")
+
+
+@pytest.mark.parametrize("name", [n for n in strategies.available() if n != "full"])
+def test_strategy_refreshing_everything_records_exactly_the_full_record(deep_tiny, full_record, name):
+    full, full_res = full_record
+    exact = strategies.create(name, **strategies._REGISTRY[name].exact_options(NUM_ITER))
+    got, res = _record_strategy(deep_tiny, exact)
+    assert torch.equal(res.tokens, full_res.tokens) and len(got) == len(full) == NUM_ITER
+    for a, b in zip(full, got):
+        assert sorted(a.arrays) == sorted(b.arrays)
+        for key, arr in a.arrays.items():
+            assert np.array_equal(arr, b.arrays[key], equal_nan=True), (name, a.step, key)
+    assert not any(r.arrays["derived"].any() for r in got)
+
+
+def _check_stack(a, u, st, b=2):
+    """Recorded K of stack ``st`` at one step: NaN exactly where not computed, the plan's active rows at cached
+    layers, and at every computed row the K the strategy keeps in its cache. Returns the partial layers seen."""
+    plan, stack = u["plan"], {"enc": "encoder", "dec": "decoder"}[st]
+    comp, k = a[f"{st}_computed"], a[f"{st}_k"]                         # [B, nb, layers, N], [..., N, H, Dh]
+    assert np.array_equal(np.isnan(k[..., 0, 0]), ~comp)
+    n_full, act, partial = (u["n_enc"] if st == "enc" else comp.shape[-1]), plan.active.get(stack), 0
+    for g, br in enumerate(("cond", "uncond")):
+        if br not in plan.computed:
+            assert not comp[:, g].any()
+            continue
+        for i in range(comp.shape[2]):
+            if plan.rows[stack][i] < n_full:                               # a cached layer: the plan's rows
+                assert np.array_equal(comp[:, g, i], act[g * b:(g + 1) * b].numpy())
+                partial += 1
+            else:
+                assert comp[:, g, i].sum() == n_full * b
+            cached = u["k"][st].get(i)
+            if cached is not None and cached.shape[0] >= (g + 1) * b:
+                want = cached[g * b:(g + 1) * b].transpose(1, 2).numpy()   # [B, N, H, Dh]
+                assert np.array_equal(k[:, g, i][comp[:, g, i]], want[comp[:, g, i]])
+    return partial
+
+
+@pytest.mark.parametrize("name", sorted(PARTIAL))
+def test_partial_row_strategy_records_what_it_computed(deep_tiny, name):
+    strategy = strategies.create(name, **PARTIAL[name])
+    used = _Used(strategy)
+    recs, res = _record_strategy(deep_tiny, strategy, observers=[used])
+    plain = mar_probe.sample(deep_tiny, [1, 7], num_iter=NUM_ITER, cfg=3.0, seed=3,
+                             strategy=strategies.create(name, **PARTIAL[name]))
+    assert torch.equal(res.tokens, plain.tokens)
+    s, b, partial = deep_tiny.buffer_size, 2, 0
+    for rec, u in zip(recs, used.steps):
+        a = rec.arrays
+        assert a["derived"].tolist() == [[br in u["plan"].derived for br in ("cond", "uncond")]] * b
+        partial += _check_stack(a, u, "enc") + _check_stack(a, u, "dec")
+        z, gen = a["z"], u["to_pred"].numpy()                             # [B, nb, N, D]; [B, L]
+        head_z = used.z[rec.step].reshape(2, b, -1, z.shape[-1]).numpy()  # [nb, B, G, D]
+        for g in range(2):
+            for i in range(b):
+                assert np.array_equal(z[i, g, s:][gen[i]], head_z[g, i])  # the head's input, derived branch too
+        assert np.array_equal(np.isnan(z[:, 0, :, 0]) | np.isnan(z[:, 1, :, 0]), np.isnan(a["z_cfg_resid"][..., 0]))
+    assert partial > 0
+    if name == "lazymar":
+        assert any(r.arrays["derived"][:, 1].all() for r in recs)
+        p = strategy.config.prune_layer                                   # FFN only on kept rows there
+        late = [r for r, u in zip(recs, used.steps) if not u["plan"].refresh][-1].arrays
+        assert np.isnan(late["dec_resid_post"][:, 0, p, :, 0]).any() and late["dec_computed"][:, 0, p].all()

@@ -82,7 +82,7 @@ def test_open_run_dims_coords_attrs(ref_store):
         assert ds["row"].values[:4].tolist() == [-1] * 4 and ds["col"].values[4 + 9] == 1
     ds = open_run(ref_store)
     assert ds["dec_k"].chunks is not None  # dask-backed
-    assert ds.attrs["schema_version"] == 1 and ds.attrs["model_preset"] == "mar_tiny"
+    assert ds.attrs["schema_version"] == 2 and ds.attrs["model_preset"] == "mar_tiny"
     assert set(ds.attrs["versions"]) >= {"mar_probe", "torch", "zarr"} and ds.attrs["seed"] == 5
     assert ds.attrs["incomplete"] == [] and bool(ds["complete"].all()) and bool(ds["done"].all())
     assert ds["images"].shape == (8,) + image_shape(_model()) and ds["tokens"].dtype == np.float32
@@ -112,6 +112,21 @@ def test_dec_k_equals_plain_forward_and_bf16_roundtrip(tmp_path):
     bf = open_run(tmp_path / "bf16.zarr")["dec_k"].values
     want = torch.from_numpy(ds["dec_k"].values).to(torch.bfloat16).float().numpy()
     assert bf.dtype == np.float32 and np.array_equal(bf, want)
+
+
+def test_partial_row_strategy_store_has_computed_masks(tmp_path):
+    spec = SelectionSpec(variables="enc_k,dec_v,z", dtype="bfloat16")
+    lazy = mar_probe.strategies.create("lazymar", warmup_steps=1, refresh_interval=8)
+    record(_model(), np.array([2, 4]), tmp_path / "lazy.zarr", spec, seed=1, num_iter=4, cfg=2.0, strategy=lazy)
+    ds = open_run(tmp_path / "lazy.zarr")
+    assert ds["enc_computed"].dims == ds["dec_computed"].dims == ("sample", "step", "branch", "layer", "token")
+    assert ds["derived"].dims == ("sample", "step", "branch") and ds.attrs["strategy"]["name"] == "lazymar"
+    assert ds["derived"].values[:, :, 1].tolist() == [[False, False, True, True]] * 2   # condition cache
+    assert not ds["dec_computed"].values[:, 2:, 1].any() and np.isnan(ds["dec_v"].values[:, 2:, 1]).all()
+    assert ds["dec_computed"].values[:, :2].all() and not np.isnan(ds["dec_v"].values[:, :2]).any()  # full steps
+    assert np.array_equal(np.isnan(ds["enc_k"].values[..., 0, 0]), ~ds["enc_computed"].values)
+    assert (ds["enc_computed"].values[:, 2:, 0, 0].sum(-1) < (~ds["mask"].values[:, 2:]).sum(-1)).all()  # token cache
+    assert not np.isnan(ds["z"].values[:, :, :, 4:]).any()               # uncond z: the derived value the head used
 
 
 def test_kill_and_resume_gives_identical_arrays(tmp_path, ref_store):
@@ -175,7 +190,7 @@ def test_schema_version_and_non_store_errors(tmp_path, ref_store):
     copy = tmp_path / "copy.zarr"
     subprocess.run(["cp", "-r", str(ref_store), str(copy)], check=True)
     zarr.open_group(str(copy), mode="r+").attrs["schema_version"] = 99
-    with pytest.raises(SchemaError, match="schema version 99, this mar_probe reads version 1"):
+    with pytest.raises(SchemaError, match=r"schema version 99, this mar_probe reads versions \(1, 2\)"):
         open_run(copy)
 
 

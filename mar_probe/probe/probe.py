@@ -2,10 +2,26 @@
 
 The sampler tells the probe what each step is (:class:`~mar_probe.sampler.StepState`): the step index, CFG
 branches, where every encoder row sits, the masks and the CFG scale — nothing is inferred by counting forwards.
-Hooks convert each captured tensor at once to its storage layout on the model's device (branch selection,
-encoder rows scattered onto the full ``[buffer; tokens]`` axis with NaN elsewhere, storage dtype); derived
-quantities (``z_cfg_resid``, ``attn_gen``) are computed from the captured tensors while they are in memory.
-At ``step_end`` the step's arrays go to the sink as one :class:`StepRecord`.
+Hooks keep each captured tensor in the storage dtype, split by CFG branch; derived quantities (``z_cfg_resid``,
+``attn_gen``) are computed from the captured tensors while they are in memory, in float32. At ``step_end`` the
+rows are placed on the full ``[buffer; tokens]`` axis (NaN where not processed) and the step's arrays go to the
+sink as one :class:`StepRecord`.
+
+**Strategies that compute only some rows** (``lazymar``, ``marche``): the probe records what the strategy really
+computed. The rows a hook saw are mapped to token positions with the step's
+:class:`~mar_probe.strategies.base.StepPlan` (see :mod:`mar_probe.probe.rows`); rows and branches that were not
+computed at a layer are NaN, and beside them
+
+* ``enc_computed`` / ``dec_computed`` [sample, step, branch, layer, token] (bool) say which rows each layer
+  computed at the step — its attention queries, i.e. its q/k/v. At LazyMAR's pruning layer q/k/v/attn_out/
+  resid_mid are computed for every row but mlp_out/resid_post only for the rows it keeps (their NaN says so);
+* ``derived`` [sample, step, branch] (bool) flags a branch the strategy derived instead of computing
+  (LazyMAR's condition cache: ``uncond = cond + cached residual``). Such a branch has NaN activations, while its
+  ``z`` holds the derived value the head used;
+* ``z`` is NaN on rows whose decoder output came from a cache (not computed at the step); the head reads only the
+  generating rows, which are always computed. ``z_cfg_resid`` is NaN where either branch's ``z`` is;
+* ``attn_gen`` needs every key of the layer: it is NaN at layers where some keys were served from the cache
+  (hooks see only the fresh ones), and exact at fully computed layers (MARché's selection layer among them).
 """
 from __future__ import annotations
 
@@ -18,10 +34,12 @@ import torch
 
 from ..hooks import trace
 from ..store.schema import RunLayout, resolve
+from .rows import StepRows
 from .spec import SelectionSpec
 
 _HOOK_OF = {"q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v", "resid_post": "hook_resid_post",
             "resid_mid": "hook_resid_mid", "attn_out": "attn.hook_attn_out", "mlp_out": "hook_mlp_out"}
+_TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -31,6 +49,15 @@ class StepRecord:
     step: int
     step_pos: int
     arrays: dict
+
+
+@dataclass
+class _Capture:
+    """One hook's tensor for one variable and layer: ``parts[branch]`` [B, n, ...] over the n rows it saw."""
+    name: str
+    rows: int
+    groups: int
+    parts: dict
 
 
 def _routes(layout: RunLayout) -> dict[str, list[tuple[str, int]]]:
@@ -69,10 +96,13 @@ class Probe:
         self.records: list[StepRecord] = []
         self.sink = sink or self.records.append
         self.routes = _routes(layout)
+        self._dtype = _TORCH_DTYPES[layout.spec.dtype]
+        self._device = next(model.parameters()).device
         self._rows: tuple[int, ...] = ()
         self._state = None
         self._cap: dict = {}
         self._qk: dict = {}
+        self._resid = None
 
     @classmethod
     def for_run(cls, model, spec: SelectionSpec, *, num_samples: int, num_iter: int, cfg: float, sink=None):
@@ -91,7 +121,7 @@ class Probe:
 
     # ---- observer interface ----------------------------------------------------------------------------
     def step_begin(self, state) -> None:
-        self._cap, self._qk = {}, {}
+        self._cap, self._qk, self._resid = {}, {}, None
         pos = self.layout.step_index(state.step)
         self._state = state if pos is not None else None
         if self._state is not None and len(self._rows) != state.batch_size:
@@ -101,96 +131,115 @@ class Probe:
     def step_end(self, state, sampled) -> None:
         if self._state is None:
             return
-        arrays = {var: self._finish(var) for var in self.layout.spec.variables}
+        rows = StepRows(state, self.layout.dims.tokens, state.extras.get("plan"))
+        arrays = {var: self._encode(self._finish(var, rows)) for var in self.layout.spec.variables}
+        arrays.update(self._masks(rows))
         arrays.update(self._bookkeeping(state))
         arrays = {k: _host(v) for k, v in arrays.items()}
         self.sink(StepRecord(self._rows, state.step, self.layout.step_index(state.step), arrays))
-        self._state, self._cap, self._qk = None, {}, {}
+        self._state, self._cap, self._qk, self._resid = None, {}, {}, None
 
     # ---- capture ---------------------------------------------------------------------------------------
     def _capture(self, name: str, tensor: torch.Tensor) -> None:
-        if self._state is None:
+        s = self._state
+        if s is None:
             return
+        groups, rem = divmod(tensor.shape[0], s.batch_size)
+        if rem or not 1 <= groups <= len(s.branches):
+            raise ValueError(f"hook {name!r} saw {tensor.shape[0]} batch rows; expected a multiple of the batch "
+                             f"size {s.batch_size} for up to {len(s.branches)} CFG branches {s.branches!r}")
         for var, pos in self.routes[name]:
             if var == "attn_gen":
-                self._capture_qk(name, pos, tensor)
+                self._capture_qk(name, pos, tensor, groups)
             elif var == "z_cfg_resid":
-                b = self._state.batch_size
-                resid = tensor[:b].float() - tensor[b:2 * b].float()             # [B, L, D]
-                self._cap[(var, 0)] = self._encode(self._pad_buffer(resid))
+                b = s.batch_size
+                self._resid = tensor[:b].float() - tensor[b:2 * b].float()          # [B, L, D]
             else:
-                self._cap[(var, pos)] = self._encode(self._select_branches(self._to_tokens(name, tensor)))
+                t = tensor.transpose(1, 2) if tensor.dim() == 4 else tensor       # [B'', H, n, Dh] -> [B'', n, H, Dh]
+                self._cap[(var, pos)] = _Capture(name, t.shape[1], groups, self._split(t, groups))
 
-    def _capture_qk(self, name: str, pos: int, tensor: torch.Tensor) -> None:
+    def _split(self, t: torch.Tensor, groups: int) -> dict:
+        """[groups x B, ...] -> {branch: [B, ...]} for the kept branches, in the storage dtype (a copy)."""
+        b = self._state.batch_size
+        return {br: t[j * b:(j + 1) * b].to(self._dtype, copy=True)
+                for j, br in enumerate(self._state.branches[:groups]) if br in self.layout.branches}
+
+    def _capture_qk(self, name: str, pos: int, tensor: torch.Tensor, groups: int) -> None:
         self._qk[(pos, name.rsplit("_", 1)[1])] = tensor
         if (pos, "q") in self._qk and (pos, "k") in self._qk:
             q, k = self._qk.pop((pos, "q")), self._qk.pop((pos, "k"))
-            self._cap[("attn_gen", pos)] = self._encode(self._select_branches(self._attn_gen(q, k)))
+            n = self.layout.dims.tokens
+            if q.shape[2] == n and k.shape[2] == n:  # every key computed: the score is exact (else NaN)
+                self._cap[("attn_gen", pos)] = _Capture(name, n, groups, self._split(self._attn_gen(q, k), groups))
 
     def _attn_gen(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Mean over heads and generating query rows of softmax(q k^T / sqrt(Dh)) -> [B', N]."""
+        """Mean over heads and generating query rows of softmax(q k^T / sqrt(Dh)) -> [B'', N]."""
         s = self._state
-        gen = s.to_pred_branches.nonzero(as_tuple=True)[1].reshape(q.shape[0], -1) + self.layout.dims.buffer  # [B', G]
-        idx = gen[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1])             # [B', H, G, Dh]
-        qg = torch.gather(q, 2, idx).float()                                              # [B', H, G, Dh]
-        att = torch.softmax(qg @ k.float().transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)  # [B', H, G, N]
-        return att.mean(dim=(1, 2))                                                       # [B', N]
-
-    def _to_tokens(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """Captured tensor -> [B', S+L, ...] on the full token axis (NaN where not processed)."""
-        if t.dim() == 4:
-            t = t.transpose(1, 2)                                          # [B', H, N, Dh] -> [B', N, H, Dh]
-        if name == "z":
-            return self._pad_buffer(t)
-        n_all = self.layout.dims.tokens
-        if name.startswith("dec."):
-            if t.shape[1] != n_all:
-                raise ValueError(f"hook {name!r} saw {t.shape[1]} rows, expected all {n_all} decoder rows; "
-                                 "the strategy computes partial rows, which the probe cannot record yet")
-            return t
-        pos = self._state.enc_positions                                    # [B', Nenc]
-        if t.shape[1] != pos.shape[1]:
-            raise ValueError(f"hook {name!r} saw {t.shape[1]} rows, expected the step's {pos.shape[1]} encoder "
-                             "rows; the strategy computes partial rows, which the probe cannot record yet")
-        out = t.new_full((t.shape[0], n_all) + tuple(t.shape[2:]), float("nan"))
-        out[torch.arange(t.shape[0], device=t.device)[:, None], pos] = t   # scatter rows onto [B', S+L, ...]
-        return out
-
-    def _pad_buffer(self, t: torch.Tensor) -> torch.Tensor:
-        """[B, L, ...] image-token tensor -> [B, S+L, ...] with NaN on the buffer rows."""
-        pad = t.new_full((t.shape[0], self.layout.dims.buffer) + tuple(t.shape[2:]), float("nan"))
-        return torch.cat([pad, t], dim=1)
-
-    def _select_branches(self, t: torch.Tensor) -> torch.Tensor:
-        """[B', ...] in the [cond; uncond] layout -> [B, branches kept, ...]."""
-        s = self._state
-        t = t.reshape((len(s.branches), s.batch_size) + tuple(t.shape[1:]))  # [nb, B, ...]
-        keep = [s.branches.index(b) for b in self.layout.branches]
-        return t[keep].transpose(0, 1)                                      # [B, nkeep, ...]
-
-    def _encode(self, t: torch.Tensor) -> torch.Tensor:
-        dtype = self.layout.spec.dtype
-        if dtype == "bfloat16":
-            return t.to(torch.bfloat16).view(torch.int16)  # bit pattern; numpy view as uint16 at the sink
-        return t.to(getattr(torch, dtype))
+        groups = q.shape[0] // s.batch_size
+        gen = s.to_pred.repeat(groups, 1).nonzero(as_tuple=True)[1].reshape(q.shape[0], -1) + self.layout.dims.buffer
+        idx = gen[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1])             # [B'', H, G, Dh]
+        qg = torch.gather(q, 2, idx).float()                                              # [B'', H, G, Dh]
+        att = torch.softmax(qg @ k.float().transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)  # [B'', H, G, N]
+        return att.mean(dim=(1, 2))                                                       # [B'', N]
 
     # ---- assembly --------------------------------------------------------------------------------------
-    def _finish(self, var: str):
-        """Stack the captured layers of ``var`` into its step array [B, ...] (NaN where a hook did not fire)."""
+    def _finish(self, var: str, rows: StepRows) -> torch.Tensor:
+        """The step array of ``var`` [B, branches, (layers,) S+L, ...]; NaN where nothing was computed."""
         lay = self.layout.variables[var]
-        shape = (self._state.batch_size,) + lay.shape[2:]
-        nlayers = shape[2] if var.startswith(("enc_", "dec_")) or var == "attn_gen" else 0
-        if nlayers == 0:
-            got = self._cap.get((var, 0))
-            return got if got is not None else _fill(shape, lay)
-        parts = [self._cap.get((var, p)) for p in range(nlayers)]
-        if all(p is not None for p in parts):
-            return torch.stack(parts, dim=2)                               # [B, nb, layers, ...]
-        out = _fill(shape, lay)
-        for p, t in enumerate(parts):
-            if t is not None:
-                out[:, :, p] = t.cpu().numpy().view(out.dtype)
+        out = torch.full((self._state.batch_size,) + lay.shape[2:], float("nan"), dtype=self._dtype,
+                         device=self._device)
+        if var == "z_cfg_resid":
+            return self._finish_resid(out, rows)
+        layered = var != "z"
+        stack = "enc" if var.startswith("enc_") else "dec"
+        for li in range(lay.shape[3] if layered else 1):
+            cap = self._cap.get((var, li))
+            if cap is None:
+                continue
+            if var != "z" and cap.groups != len(rows.computed):
+                raise ValueError(f"hook {cap.name!r} saw {cap.groups} CFG branch(es) but the strategy's plan "
+                                 f"computed {rows.computed!r}")
+            for bi, br in enumerate(self.layout.branches):
+                if br in cap.parts:
+                    self._place(out[:, bi, li] if layered else out[:, bi], cap, br, stack, rows)
         return out
+
+    def _place(self, target: torch.Tensor, cap: _Capture, branch: str, stack: str, rows: StepRows) -> None:
+        """Write the rows of ``cap.parts[branch]`` [B, n, ...] at their positions in ``target`` [B, S+L, ...]."""
+        part, s = cap.parts[branch].to(target.device), self.layout.dims.buffer
+        if cap.name == "z":
+            target[:, s:] = part
+            target[~rows.z_valid(branch).to(target.device)] = float("nan")
+            return
+        pos = rows.positions(cap.name, stack, cap.rows, self._state.branches.index(branch)).to(target.device)
+        target[torch.arange(part.shape[0], device=target.device)[:, None], pos] = part
+
+    def _finish_resid(self, out: torch.Tensor, rows: StepRows) -> torch.Tensor:
+        """z_cond - z_uncond [B, S+L, D] (float32 difference, then the storage dtype); NaN where either z is."""
+        if self._resid is None:
+            return out
+        out[:, self.layout.dims.buffer:] = self._resid.to(out.device, self._dtype)
+        valid = (rows.z_valid("cond") & rows.z_valid("uncond")).to(out.device)
+        out[~valid] = float("nan")
+        return out
+
+    def _masks(self, rows: StepRows) -> dict:
+        """``derived`` [B, branches] and ``enc_computed``/``dec_computed`` [B, branches, layers, S+L]."""
+        b, branches = self._state.batch_size, self.layout.branches
+        out = {"derived": torch.tensor([[br in rows.derived for br in branches]] * b, dtype=torch.bool)}
+        for stack in ("enc", "dec"):
+            if f"{stack}_computed" not in self.layout.variables:
+                continue
+            layers = self.layout.layers[stack]
+            mask = torch.zeros(b, len(branches), len(layers), self.layout.dims.tokens, dtype=torch.bool)
+            for bi, br in enumerate(branches):
+                for li, layer in enumerate(layers):
+                    mask[:, bi, li] = rows.computed_mask(stack, layer, br).cpu()
+            out[f"{stack}_computed"] = mask
+        return out
+
+    def _encode(self, t: torch.Tensor) -> torch.Tensor:
+        return t.view(torch.int16) if t.dtype == torch.bfloat16 else t  # bf16 bit pattern, uint16 at the sink
 
     def _bookkeeping(self, state) -> dict:
         b, s = state.batch_size, self.layout.dims.buffer
@@ -198,10 +247,6 @@ class Probe:
         cfg = float(state.cfg_iter.reshape(-1)[0]) if isinstance(state.cfg_iter, torch.Tensor) else state.cfg_iter
         return {"mask": torch.cat([known, state.mask], 1), "pred": torch.cat([known, state.to_pred], 1),
                 "cfg": np.full(b, cfg, dtype=np.float32)}
-
-
-def _fill(shape, lay) -> np.ndarray:
-    return np.full(shape, lay.fill, dtype=lay.dtype)
 
 
 def _host(v) -> np.ndarray:

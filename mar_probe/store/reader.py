@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from .schema import SCHEMA_VERSION
+from .schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 JSON_ATTRS = ("model_config", "selection", "sampling", "strategy", "versions")
-VARIABLE_ORDER = ("mask", "pred", "cfg", "done", "order", "tokens", "images", "complete")
+VARIABLE_ORDER = ("enc_computed", "dec_computed", "derived", "mask", "pred", "cfg", "done", "order", "tokens", "images",
+                  "complete")
 
 
 class IncompleteRunWarning(UserWarning):
@@ -36,9 +37,9 @@ def read_attrs(path: str | Path) -> dict:
     if version is None:
         raise SchemaError(f"{str(path)!r} has no 'schema_version' attribute; expected a run store written by "
                           f"`mar-probe record` (schema version {SCHEMA_VERSION})")
-    if version != SCHEMA_VERSION:
-        raise SchemaError(f"run store {str(path)!r} has schema version {version!r}, this mar_probe reads version "
-                          f"{SCHEMA_VERSION!r}; open it with the mar_probe version that wrote it "
+    if version not in READABLE_VERSIONS:
+        raise SchemaError(f"run store {str(path)!r} has schema version {version!r}, this mar_probe reads versions "
+                          f"{READABLE_VERSIONS!r}; open it with the mar_probe version that wrote it "
                           f"({attrs.get('mar_probe_version')!r})")
     return attrs
 

@@ -5,6 +5,9 @@ Dimensions come in the fixed order ``sample, step, branch, layer, token, head, d
 S + L (coordinates ``row``/``col`` are -1 on buffer rows), so encoder variables, which see only the known
 tokens, are scattered back onto it with NaN where a token was not processed. When the encoder and the decoder
 differ in depth, heads or width, the differing dimensions get a stack prefix (``enc_layer``, ``dec_head``).
+Beside the activations, ``enc_computed``/``dec_computed`` [sample, step, branch, layer, token] say which rows each
+layer computed and ``derived`` [sample, step, branch] which CFG branches a strategy derived instead of computing
+(schema version 2; version-1 stores predate them and hold only fully computed steps).
 Per-step variables are chunked one chunk per (sample, step), per-sample ones one chunk per sample, so every
 chunk is written exactly once by one writer.
 """
@@ -18,10 +21,14 @@ import numpy as np
 if TYPE_CHECKING:
     from ..probe.spec import SelectionSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 had no enc_computed/dec_computed/derived: every row was computed
 DIM_ORDER = ("sample", "step", "branch", "layer", "token", "head", "d_head", "d_model", "channel", "y", "x", "color")
 BF16_NAN = 0x7FC0
 STACK_PREFIX = ("enc", "dec")
+COMPUTED_DOC = ("True where the layer computed the row's q/k/v at this step for this branch; False where the row was "
+                "not processed (encoder: unknown tokens), served from a strategy's cache, or the branch was derived")
+DERIVED_DOC = "True where the strategy derived this CFG branch instead of computing it (its z is the derived value)"
 
 
 @dataclass(frozen=True)
@@ -101,11 +108,16 @@ def _check_subset(what: str, chosen, limit: int, hint: str) -> tuple[int, ...]:
     return tuple(chosen)
 
 
+def stack_used(spec: SelectionSpec, stack: str) -> bool:
+    """Whether ``spec`` records a per-layer variable of ``stack`` (``enc``/``dec``; attn_gen is the decoder's)."""
+    return any(v.startswith(stack + "_") for v in spec.variables) or (stack == "dec" and "attn_gen" in spec.variables)
+
+
 def _resolve_layers(spec: SelectionSpec, dims: ModelDims) -> dict:
     layers = {}
     for s in STACK_PREFIX:
         depth = getattr(dims, s).depth
-        used = any(v.startswith(s + "_") for v in spec.variables) or (s == "dec" and "attn_gen" in spec.variables)
+        used = stack_used(spec, s)
         chosen = spec.layers if spec.layers is not None else tuple(range(depth))
         if used:
             _check_subset(f"{s} layer(s)", chosen, depth, f"the model has {depth} {s}oder blocks")
@@ -177,10 +189,16 @@ def _variables(spec, dims: ModelDims, layers: dict, sizes: dict, images) -> dict
         rest = [(d, n if n is not None else sizes[d]) for d, n in _activation_dims(v, dims, names)]
         out[v] = _var(v, ["sample", "step"] + [d for d, _ in rest], sizes, [n for _, n in rest], dtype, fill,
                       True, attrs)
+    for s in STACK_PREFIX:
+        if stack_used(spec, s):
+            name = f"{s}_computed"
+            out[name] = _var(name, ["sample", "step", "branch", names[s]["layer"], "token"], sizes, [dims.tokens],
+                             "bool", False, True, {"description": COMPUTED_DOC})
     step_vars = (("mask", "bool", False, ["token"]), ("pred", "bool", False, ["token"]),
-                 ("cfg", "float32", np.nan, []), ("done", "bool", False, []))
+                 ("cfg", "float32", np.nan, []), ("derived", "bool", False, ["branch"]), ("done", "bool", False, []))
     for v, dt, fl, extra in step_vars:
-        out[v] = _var(v, ["sample", "step"] + extra, sizes, [sizes[e] for e in extra], dt, fl, True)
+        out[v] = _var(v, ["sample", "step"] + extra, sizes, [sizes[e] for e in extra], dt, fl, True,
+                      {"description": DERIVED_DOC} if v == "derived" else None)
     out["order"] = _var("order", ["sample", "token"], sizes, [dims.tokens], "int32", -1, False)
     out["tokens"] = _var("tokens", ["sample", "token", "channel"], sizes, [dims.tokens, dims.channels], "float32",
                          np.nan, False)
