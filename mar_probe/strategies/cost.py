@@ -31,18 +31,27 @@ def stack_dims(model, stack: str) -> tuple[int, int]:
     return mlp.fc1.in_features, mlp.fc1.out_features
 
 
-def head_eval_flops(net, rows: int, mlp_blocks: int | None = None, ada_blocks: int | None = None) -> int:
+def head_eval_flops(net, rows: int, mlp_blocks: int | None = None, ada_blocks: int | None = None,
+                    time_embed: bool = True, cond_embed: bool = True) -> int:
     """FLOPs of one evaluation of the diffusion MLP on ``rows`` inputs.
 
-    ``mlp_blocks`` / ``ada_blocks`` are the residual blocks whose MLP / AdaLN modulation ran (default: all).
+    ``mlp_blocks`` / ``ada_blocks`` are the residual blocks whose MLP / AdaLN modulation ran (default: all);
+    ``time_embed`` / ``cond_embed``: whether the timestep / condition embeddings were computed in this evaluation
+    (False when served from a cache, see :func:`head_embed_flops`).
     """
     w, c = net.model_channels, net.in_channels
     depth = net.num_res_blocks
     mlp_blocks = depth if mlp_blocks is None else mlp_blocks
     ada_blocks = depth if ada_blocks is None else ada_blocks
-    freq = net.time_embed.frequency_embedding_size
-    z_dim = net.cond_embed.in_features
-    per_row = (c * w + freq * w + w * w + z_dim * w          # input_proj, time_embed, cond_embed
+    per_row = (c * w                                         # input_proj
                + ada_blocks * 3 * w * w + mlp_blocks * 2 * w * w
                + 2 * w * w + w * net.out_channels)           # final layer
+    return 2 * rows * per_row + head_embed_flops(net, rows, time=time_embed, cond=cond_embed)
+
+
+def head_embed_flops(net, rows: int, time: bool = True, cond: bool = True) -> int:
+    """FLOPs of the head's timestep embedding MLP (``time``) and condition projection (``cond``) on ``rows``."""
+    w = net.model_channels
+    per_row = (net.time_embed.frequency_embedding_size * w + w * w if time else 0) \
+        + (net.cond_embed.in_features * w if cond else 0)
     return 2 * rows * per_row

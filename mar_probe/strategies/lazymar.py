@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from ..models.diffloss import modulate
 from . import register
 from .base import StepPlan, Strategy, count_blocks, count_embeddings
-from .cost import head_eval_flops, linear_flops
+from .cost import head_embed_flops, head_eval_flops, linear_flops
 from .layers import KVCache, active_attention, block_mlp, full_block, gather_rows, rows_of, scatter_rows
 
 RETAIN_SCHEDULE = (1.0,) * 20 + (0.6,) + (0.5,) * 4 + (0.4,) * 5 + (0.15,) * 5 + (0.12,) * 5 + (0.05,) * 24
@@ -86,6 +86,7 @@ class LazyMARStrategy(Strategy):
     def _reset(self):
         self.enc_cache, self.dec_cache = KVCache(), KVCache()
         self.dec_in = self.diff = self.prev_to_pred = None
+        self._table = self._table_key = None                                # head timestep embeddings
 
     @classmethod
     def exact_options(cls, num_iter):
@@ -246,21 +247,41 @@ class LazyMARStrategy(Strategy):
         if not self.config.head_cache:
             return super().head_sample(model, z, state, rng)
         diff = model.diffloss
-        head = _HeadCache(self.config, diff.net, diff.gen_diffusion.num_timesteps)
+        timer = state.extras.get("timer")
+        head = _HeadCache(self.config, diff.net, diff.gen_diffusion.num_timesteps,
+                          lambda: self._time_table(diff, z.device, timer))
         out = diff.sample(z, state.temperature, state.cfg_iter, generator=rng.noise, init_generator=rng.init_noise,
                           denoise_fn=head.denoise)
-        timer = state.extras.get("timer")
         if timer is not None:
             timer.add_flops("head.linear", head.flops)
         state.extras.setdefault("plan", StepPlan(refresh=True)).head = {"full": head.full, "cached": head.cached}
         return out
 
+    def _time_table(self, diff, device, timer) -> torch.Tensor:
+        """Timestep embeddings [T, W] of every reverse index, made once per batch, head and schedule (cached
+        evaluations read them instead of running ``time_embed``; its FLOPs are counted when the table is made)."""
+        net, T = diff.net, diff.gen_diffusion.num_timesteps
+        key = (net, T, device)
+        if self._table_key != key:
+            t = diff.gen_diffusion.model_timesteps(torch.arange(T, device=device))
+            self._table, self._table_key = net.time_embed(t), key
+            if timer is not None:
+                timer.add_flops("head.linear", head_embed_flops(net, T, cond=False))
+        return self._table
+
 
 class _HeadCache:
-    """One step's diffusion-head cache (the released ``CachedDiffLoss`` logic); ``denoise`` is the net call."""
+    """One step's diffusion-head cache (the released ``CachedDiffLoss`` logic); ``denoise`` is the net call.
 
-    def __init__(self, config: LazyMARConfig, net, num_timesteps: int):
+    Beyond the released code (overheads only; recompute calls stay op for op the released ones): cached calls
+    reuse ``cond_embed(z)`` of the last recompute call (z is the same at every reverse index of a step) and take
+    the timestep embedding from ``time_table()`` [T, W] instead of running both embeddings on every call.
+    """
+
+    def __init__(self, config: LazyMARConfig, net, num_timesteps: int, time_table):
         self.c, self.net, self.T = config, net, num_timesteps
+        self.time_table = time_table                        # callable -> [T, W]
+        self.cond = None                                    # cond_embed(z) [N, W] at the last recompute call
         self.mlp: dict[int, torch.Tensor] = {}
         self.delta: dict[int, torch.Tensor] = {}
         self.cfg_delta = None
@@ -290,12 +311,16 @@ class _HeadCache:
         return torch.cat([torch.cat([half_eps, half_eps], dim=0), torch.cat([rest, rest], dim=0)], dim=1)
 
     def forward(self, x, t, c, i):
-        """``SimpleMLPAdaLN.forward`` with MLP reuse (op for op the same on recompute indices)."""
+        """``SimpleMLPAdaLN.forward`` with MLP reuse (op for op the same on recompute indices) for x [n, C]."""
         net, full = self.net, self.recompute(i)
         warm = full or i > self.c.head_warm_fraction * self.T
         x = net.input_proj(x)
-        y = net.time_embed(t) + net.cond_embed(c)
         n, ada, mlp = x.shape[0], 0, 0
+        if full:
+            self.cond = net.cond_embed(c)                                          # [n, W]
+            y = net.time_embed(t) + self.cond
+        else:
+            y = self.time_table()[i] + self.cond[:n]                               # [W] + [n, W]
         for j, block in enumerate(net.res_blocks):
             if not full and j in self.c.head_delta_blocks:
                 x = x + _fit(self.delta[j], n)
@@ -312,7 +337,7 @@ class _HeadCache:
                 self.delta[j] = x_new - x
             x = x_new
         self.full, self.cached = self.full + full, self.cached + (not full)
-        self.flops += head_eval_flops(net, n, mlp_blocks=mlp, ada_blocks=ada)
+        self.flops += head_eval_flops(net, n, mlp_blocks=mlp, ada_blocks=ada, time_embed=full, cond_embed=full)
         return net.final_layer(x, y)
 
 
