@@ -98,7 +98,7 @@ class MARcheStrategy(Strategy):
     Config = MARcheConfig
 
     def __init__(self, **options):
-        self.config = MARcheConfig(**options)
+        self.config = self.Config(**options)
         self.caches: dict[str, KVCache] = {}
         self.outputs: dict[str, torch.Tensor] = {}
         self.prev_to_pred = None
