@@ -237,8 +237,8 @@ def parse_grid(name: str, params) -> dict:
         key, sep, values = param.partition("=")
         if not sep or not values.strip():
             raise ValueError(f"--param expects KEY=V1,V2,..., got {param!r}")
-        grid[key.strip().replace("-", "_")] = [parse_options(name, [f"{key}={v.strip()}"])[key.strip().replace(
-            "-", "_")] for v in values.split(",") if v.strip()]
+        key = key.strip().replace("-", "_")
+        grid[key] = [parse_options(name, [f"{key}={v.strip()}"])[key] for v in values.split(",") if v.strip()]
     return grid
 
 
