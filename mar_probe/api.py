@@ -62,6 +62,17 @@ def _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_siz
     return labels
 
 
+def _strategy(strategy):
+    """A Strategy object from an object, a registered name or None (the full baseline)."""
+    from .strategies import Strategy, available, create
+    if strategy is None or isinstance(strategy, Strategy):
+        return strategy
+    if isinstance(strategy, str):
+        return create(strategy)
+    raise ValueError(f"strategy must be a Strategy object or one of the registered names {available()!r}, "
+                     f"got {strategy!r}")
+
+
 def sample(model, labels, *, num_iter: int | None = None, cfg: float | None = None, cfg_schedule: str | None = None,
            temperature: float | None = None, seed: int = 0, rng: str = "own", batch_size: int | None = None,
            strategy=None, observers=(), vae=None, progress: bool = False) -> SampleResult:
@@ -97,9 +108,7 @@ def sample(model, labels, *, num_iter: int | None = None, cfg: float | None = No
     labels = _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size)
     device = next(model.parameters()).device
     gen = SampleRNG.create(seed, rng, device)
-    if isinstance(strategy, str):
-        from .strategies import create
-        strategy = create(strategy)
+    strategy = _strategy(strategy)
     sampler = Sampler(model, strategy, observers, device)
     bs = batch_size or len(labels)
     outs, orders = [], []

@@ -47,6 +47,22 @@ def test_cache_aware_attention_equals_full_attention():
     assert (alone - explicit_attention(q, k, v)).abs().max() < 1e-5
 
 
+def test_cache_aware_attention_is_safe_for_large_scores():
+    """Scores in the hundreds overflow a naive float32 exp; the log-sum-exp merge must stay finite and correct.
+
+    Scores of size s carry a float32 rounding error of about s * 6e-8 before any softmax, so the comparison with a
+    float64 reference allows 1e-4 here (the 1e-5 exactness is tested above on ordinary scores)."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=g) for _ in range(3))
+    q, k = q * 30, k * 30                                                 # |scores| up to ~1e3
+    act, cached = torch.arange(0, 16, 2), torch.arange(1, 16, 2)
+    assert not torch.isfinite(torch.exp(q @ k.transpose(-2, -1) * 8 ** -0.5)).all()   # naive exp overflows
+    ref = explicit_attention(q[:, :, act].double(), k.double(), v.double())
+    out = cache_aware_attention(q[:, :, act], k[:, :, act], v[:, :, act], k[:, :, cached], v[:, :, cached], 8 ** -0.5)
+    assert torch.isfinite(out).all()
+    assert (out.double() - ref).abs().max() < 1e-4
+
+
 def test_active_rows_with_fresh_cache_equal_full_block(deep_tiny):
     block = deep_tiny.decoder_blocks[2]
     x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(2))
@@ -138,6 +154,21 @@ def test_fewer_steps_runs_fewer_steps(deep_tiny):
     assert len(res.cost["steps"]) == 4 and res.settings["strategy"]["num_iter"] == 4
 
 
+def test_fewer_steps_at_or_above_the_requested_count_is_full(deep_tiny, full_result):
+    for n in (NUM_ITER, 3 * NUM_ITER):
+        res = _run(deep_tiny, strategies.create("fewer-steps", num_iter=n))
+        assert torch.equal(res.tokens, full_result.tokens) and len(res.cost["steps"]) == NUM_ITER
+        assert res.cost["totals"]["flops"] == full_result.cost["totals"]["flops"]
+
+
+def test_sample_takes_a_strategy_object_or_name_and_rejects_anything_else(deep_tiny, full_result):
+    by_name, by_object = _run(deep_tiny, "full"), _run(deep_tiny, strategies.create("full"))
+    assert torch.equal(by_name.tokens, full_result.tokens) and torch.equal(by_object.tokens, full_result.tokens)
+    with pytest.raises(ValueError, match=r"strategy must be a Strategy object or one of the registered names "
+                                         r"\[.*'full'.*'lazymar'.*\], got 3"):
+        _run(deep_tiny, 3)
+
+
 def test_marche_whole_sequence_budget_matches_full(deep_tiny, full_result):
     res = _run(deep_tiny, strategies.create("marche", budget=68))      # every row active: cache-aware path only
     assert (res.tokens - full_result.tokens).abs().max() < 1e-4
@@ -172,6 +203,69 @@ def test_lazymar_caches_follow_the_released_schedule(deep_tiny):
     assert res.cost["totals"]["flops_total"] < _run(deep_tiny, "full").cost["totals"]["flops_total"]
 
 
+def _released_head(net, T, interval=7, warm=0.9, delta_blocks=(1, 2, 3, 4)):
+    """The released CachedDiffLoss arithmetic, written out plainly: every call runs both embeddings."""
+    from mar_probe.models.diffloss import modulate
+    cache = {}
+
+    def forward(x, t, c, i, full):
+        x = net.input_proj(x)
+        y = net.time_embed(t) + net.cond_embed(c)
+        for j, blk in enumerate(net.res_blocks):
+            if not full and j in delta_blocks:
+                x = x + cache["delta", j][:len(x)]
+                continue
+            shift, scale, gate = blk.adaLN_modulation(y).chunk(3, dim=-1)
+            if full or i > warm * T:
+                cache["mlp", j] = blk.mlp(modulate(blk.in_ln(x), shift, scale))
+            new = x + gate * cache["mlp", j][:len(x)]
+            if full:
+                cache["delta", j] = new - x
+            x = new
+        return net.final_layer(x, y)
+
+    def denoise(x, t, z, cfg, i):
+        n, c = len(x) // 2, net.in_channels
+        full = i == T - 1 or i % interval == 0
+        if full:
+            out = forward(torch.cat([x[:n], x[:n]]), t, z, i, True)
+            cond, uncond = out[:n, :c], out[n:, :c]
+            cache["cfg"], rest = cond - uncond, out[:, c:]
+        else:
+            out = forward(x[:n], t[:n], z[:n], i, False)
+            cond, rest = out[:, :c], torch.cat([out[:, c:], out[:, c:]])
+            uncond = cond - cache["cfg"]
+        eps = uncond + cfg * (cond - uncond)
+        return torch.cat([torch.cat([eps, eps]), rest], dim=1)
+    return denoise
+
+
+def test_lazymar_head_cache_follows_the_released_arithmetic(deep_tiny):
+    """The head cache's embedding reuse (cond_embed once per recompute call, a timestep table) changes rounding
+    only: one step's sampling equals the released arithmetic within float32 precision, and not the plain head."""
+    diff = deep_tiny.diffloss
+    diff.set_sampling_steps("30")
+    try:
+        z = torch.randn(6, 32, generator=torch.Generator().manual_seed(5))
+        lazy = strategies.create("lazymar")
+
+        def run(fn):
+            return diff.sample(z, 1.0, 3.0, generator=torch.Generator().manual_seed(6), denoise_fn=fn)
+        ours = run(_head_cache_denoise(lazy, diff))
+        released, plain = run(_released_head(diff.net, 30)), run(None)
+    finally:
+        diff.set_sampling_steps(deep_tiny.config.num_sampling_steps)
+    assert (ours - released).abs().max() < 1e-5
+    assert (ours - plain).abs().max() > 1e-3                                  # the cache really changed the result
+
+
+def _head_cache_denoise(lazy, diff):
+    from mar_probe.strategies.lazymar import _HeadCache
+    head = _HeadCache(lazy.config, diff.net, diff.gen_diffusion.num_timesteps,
+                      lambda: lazy._time_table(diff, torch.device("cpu"), None))
+    return head.denoise
+
+
 def test_cli_generate_with_strategy_writes_cost_json(tmp_path, capsys):
     import json
 
@@ -183,5 +277,14 @@ def test_cli_generate_with_strategy_writes_cost_json(tmp_path, capsys):
     cost = json.loads((tmp_path / "cost.json").read_text())
     assert cost["strategy"]["budget"] == 20 and cost["strategy"]["selection"] == "random"
     assert len(cost["steps"]) == 3 and cost["totals"]["flops_total"] > 0
+    for rec in cost["steps"]:
+        assert set(rec["seconds"]) == {"encoder", "decoder", "head"} and min(rec["seconds"].values()) > 0
+        assert {k.split(".")[0] for k in rec["flops"]} == {"encoder", "decoder", "head"}
+    assert cost["totals"]["flops_total"] == sum(rec["flops_total"] for rec in cost["steps"])
+    assert abs(cost["totals"]["seconds_total"] - sum(rec["seconds_total"] for rec in cost["steps"])) < 1e-6
     assert cli.main(args[:-2] + ["--strategy-opt", "budjet=3", "--out", str(tmp_path)]) == 2
     assert "valid options: budget: int = 64" in capsys.readouterr().err
+    bad_name = ["generate", "--model", "mar_tiny", "--num-samples", "1", "--strategy", "lazy-mar", "--out", str(tmp_path)]
+    assert cli.main(bad_name) == 2
+    err = capsys.readouterr().err
+    assert "unknown strategy 'lazy-mar'" in err and "'lazymar'" in err and "refresh_interval: int = 9" in err
