@@ -351,17 +351,19 @@ def _cmd_record(args) -> int:
     labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
     spec = _selection_from_args(args)
     vae = _load_vae(args)
+    strategy = _strategy_from_args(args)
     if args.dry_run:
-        sizes = estimate_size(spec, model, len(labels), args.num_iter, cfg=args.cfg, images=image_shape(model, vae))
+        steps = strategy.num_steps(args.num_iter)
+        sizes = estimate_size(spec, model, len(labels), steps, cfg=args.cfg, images=image_shape(model, vae))
         for name, n in sizes.items():
             print(f"{name:16s} {format_bytes(n):>12s}")
         print(f"{'total':16s} {format_bytes(sum(sizes.values())):>12s} uncompressed, {len(labels)} samples x "
-              f"{args.num_iter} steps; nothing written (--dry-run)")
+              f"{steps} steps; nothing written (--dry-run)")
         return 0
     checkpoint = None if args.model else (args.checkpoint or DEFAULT_CHECKPOINT)
     res = record(model, labels, args.out, spec, seed=args.seed, num_iter=args.num_iter, cfg=args.cfg,
                  cfg_schedule=args.cfg_schedule, temperature=args.temperature, rng=args.rng,
-                 batch_size=args.batch_size, strategy=_strategy_from_args(args), vae=vae, checkpoint=checkpoint,
+                 batch_size=args.batch_size, strategy=strategy, vae=vae, checkpoint=checkpoint,
                  resume=args.resume, overwrite=args.overwrite, shard=args.shard, queue_size=args.queue_size,
                  progress=True)
     print(f"wrote {res.samples_written} samples ({res.samples_skipped} already complete) to {res.path}: "
@@ -371,23 +373,85 @@ def _cmd_record(args) -> int:
 
 
 def _add_figures(p):
-    p.add_argument("store", help="run store written by `mar-probe record`")
+    p.add_argument("store", nargs="+", help="run store(s) written by `mar-probe record` (several: e.g. one per "
+                   "--seed of the same command; their samples are pooled)")
     p.add_argument("--out", default="figures", help="output folder (default: figures)")
     p.add_argument("--only", help="comma-separated figure names (default: all)")
     p.add_argument("--format", default="png", help="image formats, e.g. png,pdf (default: png)")
 
 
 def _cmd_figures(args) -> int:
+    from .analysis import open_runs
     from .plot.report import write_figures
-    from .store import open_run
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    written, skipped = write_figures(open_run(args.store), args.out, only,
-                                     [f.strip() for f in args.format.split(",") if f.strip()])
+    written, skipped = write_figures(open_runs(args.store), args.out, only, args.format.split(","), progress=True)
     for name, paths in written.items():
         print(f"wrote {name}: {', '.join(p.name for p in paths)}")
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
-    print(f"index: {Path(args.out) / 'index.md'}")
+    print(f"index: {Path(args.out) / 'index.md'} and index.html")
+    return 0
+
+
+def _add_analyze(p):
+    p.add_argument("store", nargs="+", help="run store(s) written by `mar-probe record` (several are pooled)")
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="write the summary as JSON to PATH (alone: print JSON instead of the table)")
+    p.add_argument("--layer", type=int, default=1, help="selection layer, 0-based (default: 1 = MARché's Layer 2)")
+    p.add_argument("--lazymar-layer", type=int, help="layer of LazyMAR's V-cosine criterion (default: --layer)")
+    p.add_argument("--k", type=int, default=64, help="refresh budget K (default: 64)")
+    p.add_argument("--threshold", type=float, default=0.95, help="cosine threshold (default: 0.95)")
+
+
+def _cmd_analyze(args) -> int:
+    from .analysis import format_summary, open_runs, run_summary, summary_json
+    table, skipped = run_summary(open_runs(args.store), layer=args.layer, lazymar_layer=args.lazymar_layer,
+                                 k=args.k, threshold=args.threshold)
+    report = summary_json(table, skipped)
+    if args.json == "-":
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(format_summary(table, skipped), end="")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+def _add_study(p):
+    from .study import StudyConfig
+    d = StudyConfig()
+    _add_model_flags(p)
+    p.add_argument("--out", default=d.out, help=f"output folder (default: {d.out})")
+    p.add_argument("--samples-per-seed", type=int, default=d.samples_per_seed,
+                   help=f"images per seed (default: {d.samples_per_seed})")
+    p.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="comma-separated run seeds, one store "
+                   f"each (default: {','.join(map(str, d.seeds))})")
+    p.add_argument("--num-iter", type=int, default=d.num_iter, help=f"MAR decoding steps (default: {d.num_iter})")
+    p.add_argument("--cfg", type=float, default=d.cfg, help=f"guidance scale (default: {d.cfg})")
+    p.add_argument("--temperature", type=float, help="diffusion temperature (default: the checkpoint's, else 1.0)")
+    p.add_argument("--format", default="png", help="figure formats, e.g. png,pdf (default: png)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing stores instead of reusing them")
+
+
+def _cmd_study(args) -> int:
+    from .analysis import headlines
+    from .models.checkpoints import DEFAULT_CHECKPOINT
+    from .probe.spec import parse_index_list
+    from .study import StudyConfig, run_study
+    model = build_model(args)
+    config = StudyConfig(out=args.out, samples_per_seed=args.samples_per_seed,
+                         seeds=parse_index_list(args.seeds, "--seeds"), num_iter=args.num_iter, cfg=args.cfg,
+                         temperature=args.temperature, formats=tuple(args.format.split(",")),
+                         overwrite=args.overwrite)
+    checkpoint = None if args.model and not args.checkpoint else (args.checkpoint or DEFAULT_CHECKPOINT)
+    res = run_study(config, model, checkpoint=checkpoint)
+    for line in headlines(res.summary):
+        print(f"* {line}")
+    for name, why in {**res.skipped, **res.summary_skipped}.items():
+        print(f"skipped {name}: {why}")
+    print(f"wrote {res.out / 'grid.png'}, {res.out / 'figures' / 'index.html'} ({len(res.figures)} figures), "
+          f"{res.out / 'summary.txt'}; stores {', '.join(str(s) for s in res.stores)}; "
+          + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
     return 0
 
 
@@ -398,7 +462,10 @@ SUBCOMMANDS = {
     "quality": (_add_quality, _cmd_quality, "class accuracy and Frechet distance of generated images"),
     "compare": (_add_compare, _cmd_compare, "strategies on the same samples: speed-up, paired fidelity, quality"),
     "sweep": (_add_sweep, _cmd_sweep, "one strategy over a grid of one or two options: trade-off CSV and Pareto plot"),
-    "figures": (_add_figures, _cmd_figures, "write every analysis figure (images, CSVs, index.md) of a run"),
+    "study": (_add_study, _cmd_study, "the main job: record the embedded model, write its image grid, figures "
+              "and summary"),
+    "figures": (_add_figures, _cmd_figures, "write every analysis figure (images, CSVs, index.md/html) of a run"),
+    "analyze": (_add_analyze, _cmd_analyze, "summary table of a run's redundancy measurements with intervals"),
     "presets": (_add_presets, _cmd_presets, "list model presets"),
 }
 

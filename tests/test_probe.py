@@ -70,8 +70,13 @@ def test_official_like_model_hooks(trained_like_tiny):
     assert torch.equal(_sample(twin).tokens, got["official"]["out"])
     with pytest.raises(ValueError, match="not available on this model"):
         resolve_hook(twin, "enc.0.hook_resid_mid")
-    probe, _ = _record(twin, SelectionSpec(variables=("dec_k", "attn_gen", "z_cfg_resid")))
-    assert len(probe.records) == RUN["num_iter"]
+    spec = SelectionSpec(variables=("enc_q", "dec_k", "dec_resid_post", "z", "attn_gen", "z_cfg_resid"),
+                         dtype="float32")
+    (native, _), (official, _) = _record(m, spec), _record(twin, spec)
+    assert len(official.records) == RUN["num_iter"]
+    for a, b in zip(native.records, official.records):
+        for key, arr in a.arrays.items():
+            assert np.allclose(arr, b.arrays[key], atol=1e-6, equal_nan=True), key   # NaN at the same places
 
 
 @pytest.mark.parametrize("name, match", [("dec.9.attn.hook_k", "layer 9 out of range"),

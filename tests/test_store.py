@@ -16,9 +16,9 @@ import zarr
 import mar_probe
 from mar_probe.cli import main
 from mar_probe.probe import SelectionSpec, record
-from mar_probe.probe.record import image_shape
-from mar_probe.store import IncompleteRunWarning, SchemaError, open_run
-from mar_probe.store.writer import StoreWriter, WriteError
+from mar_probe.models.checkpoints import DEFAULT_CHECKPOINT
+from mar_probe.probe.record import file_sha256, image_shape
+from mar_probe.store import IncompleteRunWarning, SchemaError, estimate_size, format_bytes, open_run
 
 VARS = "enc_v,dec_k,z_cfg_resid,attn_gen"
 CLI = ["--model", "mar_tiny", "--num-samples", "8", "--num-iter", "8", "--cfg", "2.0", "--seed", "5",
@@ -89,14 +89,9 @@ def test_open_run_dims_coords_attrs(ref_store):
     assert list(ds.data_vars)[:4] == VARS.split(",")
 
 
-def test_dec_k_equals_plain_forward_and_bf16_roundtrip(tmp_path):
-    m = _model()
-    labels = np.array([3, 7])
-    spec = SelectionSpec(variables="dec_k", layers=(0, 1), dtype="float32")
-    record(m, labels, tmp_path / "f32.zarr", spec, seed=1, num_iter=4, cfg=2.0)
-    record(m, labels, tmp_path / "bf16.zarr", spec.replace(dtype="bfloat16"), seed=1, num_iter=4, cfg=2.0)
-    ds = open_run(tmp_path / "f32.zarr")
-    s, (sample, step, layer) = m.buffer_size, (1, 2, 1)
+def _assert_dec_k_is_a_plain_forward(m, ds, labels, sample, step, layer):
+    """dec_k recorded at (sample, step, layer) equals K computed by a plain forward of the step's input."""
+    s, attn = m.buffer_size, m.decoder_blocks[layer].attn
     tok = torch.from_numpy(ds["tokens"].values[sample, s:])                               # [L, C]
     mask = torch.from_numpy(ds["mask"].values[sample, step, s:])                          # [L]
     x = torch.where(mask[:, None], 0.0, tok)[None]                                        # [1, L, C]
@@ -105,13 +100,41 @@ def test_dec_k_equals_plain_forward_and_bf16_roundtrip(tmp_path):
             h = m.decoder_input(m.forward_mae_encoder(x, mask[None], emb), mask[None])    # [1, S+L, D]
             for blk in m.decoder_blocks[:layer]:
                 h = blk(h)
-            qkv = m.decoder_blocks[layer].attn.qkv(m.decoder_blocks[layer].norm1(h))    # [1, N, 3D]
-        k = qkv.reshape(1, h.shape[1], 3, 2, 16)[0, :, 1]                                 # [N, H, Dh]
+            qkv = attn.qkv(m.decoder_blocks[layer].norm1(h))                              # [1, N, 3D]
+        k = qkv.reshape(1, h.shape[1], 3, attn.num_heads, -1)[0, :, 1]                    # [N, H, Dh]
         got = ds["dec_k"].sel(layer=layer).values[sample, step, b]
         assert np.allclose(got, k.numpy(), atol=1e-5)
+
+
+def test_dec_k_equals_plain_forward_and_bf16_roundtrip(tmp_path):
+    m = _model()
+    labels = np.array([3, 7])
+    spec = SelectionSpec(variables="dec_k", layers=(0, 1), dtype="float32")
+    record(m, labels, tmp_path / "f32.zarr", spec, seed=1, num_iter=4, cfg=2.0)
+    record(m, labels, tmp_path / "bf16.zarr", spec.replace(dtype="bfloat16"), seed=1, num_iter=4, cfg=2.0)
+    ds = open_run(tmp_path / "f32.zarr")
+    _assert_dec_k_is_a_plain_forward(m, ds, labels, sample=1, step=2, layer=1)
     bf = open_run(tmp_path / "bf16.zarr")["dec_k"].values
     want = torch.from_numpy(ds["dec_k"].values).to(torch.bfloat16).float().numpy()
     assert bf.dtype == np.float32 and np.array_equal(bf, want)
+    bits = zarr.open_group(str(tmp_path / "bf16.zarr"), mode="r")["dec_k"]
+    assert bits.dtype == np.uint16 and bits.attrs["mar_probe_dtype"] == "bfloat16"
+
+
+def test_record_on_the_embedded_default_opens_with_xarray(tmp_path, capsys):
+    out = tmp_path / "run.zarr"
+    assert main(["record", "--out", str(out), "--labels", "3", "--num-samples", "1", "--num-iter", "3",
+                 "--num-sampling-steps", "5", "--vars", "dec_k,enc_v,attn_gen", "--layers", "1",
+                 "--dtype", "float32"]) == 0, capsys.readouterr().err
+    for ds in (xr.open_zarr(str(out)), open_run(out)):
+        assert ds["dec_k"].dims == ds["enc_v"].dims == DIMS
+        assert ds["dec_k"].shape == (1, 3, 2, 1, 16 + 256, 6, 32)
+        assert ds["attn_gen"].dims == ("sample", "step", "branch", "layer", "token")
+    ds = open_run(out)
+    assert ds.attrs["model_preset"] == "fashion_small" and ds.attrs["incomplete"] == []
+    assert ds.attrs["checkpoint_sha256"] == file_sha256(DEFAULT_CHECKPOINT)
+    model = mar_probe.load_model(num_sampling_steps="5")
+    _assert_dec_k_is_a_plain_forward(model, ds, np.array([3]), sample=0, step=2, layer=1)
 
 
 def test_partial_row_strategy_store_has_computed_masks(tmp_path):
@@ -129,24 +152,42 @@ def test_partial_row_strategy_store_has_computed_masks(tmp_path):
     assert not np.isnan(ds["z"].values[:, :, :, 4:]).any()               # uncond z: the derived value the head used
 
 
+def _assert_flagged_data_match(path, ref_store):
+    """Every (sample, step) flagged done and every sample flagged complete holds exactly the reference data."""
+    got, ref = zarr.open_group(str(path), mode="r"), zarr.open_group(str(ref_store), mode="r")
+    done, complete = got["done"][...], got["complete"][...]
+    for name, arr in ref.arrays():
+        dims = arr.metadata.dimension_names or ()
+        if dims[:2] == ("sample", "step"):
+            flagged, x, y = done, got[name][...][done], arr[...][done]
+        elif dims[:1] == ("sample",) and name != "sample":
+            flagged, x, y = complete, got[name][...][complete], arr[...][complete]
+        else:
+            continue
+        assert flagged.shape == arr.shape[:flagged.ndim]
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+
+
 def test_kill_and_resume_gives_identical_arrays(tmp_path, ref_store):
+    """SIGKILL three times at random moments (after 1-12 more steps were flagged done, plus 0-50 ms), then resume."""
     out, rng, kills = tmp_path / "run.zarr", np.random.default_rng(0), 0
-    for attempt in range(3):
+    for attempt in range(4):
         proc = _cli(out, *(["--resume"] if attempt else []))
-        target = int(rng.integers(_done_count(out) + 1, 60)) if attempt < 2 else None
-        while proc.poll() is None and target is not None:
-            if _done_count(out) >= target:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-                break
-            time.sleep(0.002)
+        if attempt < 3:
+            target, delay = _done_count(out) + int(rng.integers(1, 13)), float(rng.uniform(0, 0.05))
+            while proc.poll() is None and _done_count(out) < target:
+                time.sleep(0.002)
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
         proc.wait()
-        if attempt < 2 and proc.returncode == -signal.SIGKILL:
+        if proc.returncode == -signal.SIGKILL:
+            kills += 1
             with pytest.warns(IncompleteRunWarning):
-                ds = open_run(out)
-            assert ds.attrs["incomplete"]
+                ds = open_run(out)                                      # opens, incomplete steps reported
+            assert ds.attrs["incomplete"] and np.isnan(ds["dec_k"].values[~ds["done"].values]).all()
+            _assert_flagged_data_match(out, ref_store)
     assert proc.returncode == 0, _err(proc)
-    assert kills >= 1
+    assert kills >= 2
     _assert_same_store(out, ref_store)
 
 
@@ -158,27 +199,31 @@ def test_four_shards_write_one_store_concurrently(tmp_path, ref_store):
     _assert_same_store(out, ref_store)
 
 
-def test_write_error_leaves_consistent_store_that_resume_completes(tmp_path, ref_store, monkeypatch):
-    out, calls, real = tmp_path / "full.zarr", [0], StoreWriter._write
+def test_full_disk_reports_clearly_and_leaves_a_consistent_store(tmp_path, ref_store, monkeypatch, capsys):
+    """ENOSPC from zarr's chunk write (after 150 chunk files): clear error, store consistent, resume completes."""
+    out, calls, real = tmp_path / "full.zarr", [0], zarr.storage._local._put
 
-    def failing(self, kind, payload):
-        calls[0] += 1
-        if calls[0] > 20:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, kind, payload)
+    def put(path, value, *args, **kwargs):
+        if "/c/" in str(path).replace(os.sep, "/"):
+            calls[0] += 1
+            if calls[0] > 150:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, value, *args, **kwargs)
 
-    monkeypatch.setattr(StoreWriter, "_write", failing)
-    with pytest.raises(WriteError, match="No space left on device.*--resume"):
-        _record_ref(out)
+    monkeypatch.setattr(zarr.storage._local, "_put", put)
+    assert main(["record", *CLI, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "the disk is full" in err and "--resume" in err
     with pytest.warns(IncompleteRunWarning, match="incomplete"):
         ds = open_run(out)
     first_bad = ds.attrs["incomplete"][0]
     assert np.isnan(ds["dec_k"].sel(sample=first_bad[0], step=first_bad[1]).values).all()
-    monkeypatch.setattr(StoreWriter, "_write", real)
-    with pytest.raises(FileExistsError, match="already exists; pass --resume"):
-        _record_ref(out)
-    res = _record_ref(out, resume=True)
-    assert res.samples_skipped >= 1
+    assert not ds["complete"].values.all()
+    _assert_flagged_data_match(out, ref_store)
+    monkeypatch.setattr(zarr.storage._local, "_put", real)
+    assert main(["record", *CLI, "--out", str(out)]) == 2
+    assert "already exists; pass --resume" in capsys.readouterr().err
+    assert main(["record", *CLI, "--out", str(out), "--resume"]) == 0
     _assert_same_store(out, ref_store)
 
 
@@ -211,6 +256,14 @@ def test_cli_dry_run_existing_store_and_mismatched_resume(tmp_path, ref_store, c
     assert main(["record", *CLI, "--out", str(tmp_path / "d.zarr"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "dec_k" in out and "total" in out and not (tmp_path / "d.zarr").exists()
+    sizes = estimate_size(SelectionSpec(variables=VARS, layers=(1,)), _model(), 8, 8, cfg=2.0,
+                          images=image_shape(_model()))
+    lines = {ln.split()[0]: ln.split(None, 1)[1].strip() for ln in out.splitlines() if ln.strip()}
+    assert all(lines[name] == format_bytes(n) for name, n in sizes.items())
+    assert lines["enc_v"] == format_bytes(8 * 8 * 2 * 1 * (4 + 64) * 2 * 16 * 2)   # float16 [S, T, nb, 1, N, H, Dh]
+    assert main(["record", *CLI, "--out", str(tmp_path / "d.zarr"), "--dry-run", "--strategy", "fewer-steps",
+                 "--strategy-opt", "num_iter=4"]) == 0
+    assert "8 samples x 4 steps" in capsys.readouterr().out
     assert main(["record", *CLI, "--out", str(ref_store)]) == 2
     assert "already exists; pass --resume" in capsys.readouterr().err
     assert main(["record", *CLI, "--cfg", "3.0", "--out", str(ref_store), "--resume"]) == 2
@@ -218,3 +271,9 @@ def test_cli_dry_run_existing_store_and_mismatched_resume(tmp_path, ref_store, c
     assert "written by another model or configuration" in err and "sampling" in err
     assert main(["record", *CLI, "--out", str(tmp_path / "none.zarr"), "--resume"]) == 2
     assert "cannot resume" in capsys.readouterr().err
+    other = [a if a != "mar_tiny" else "mar_tiny_latent" for a in CLI]       # another model, same settings
+    assert main(["record", *other, "--out", str(ref_store), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "written by another model or configuration" in err and "model_config" in err and "weights_sha256" in err
+    assert main(["record", *CLI, "--out", str(ref_store), "--resume", "--shard", "1/2"]) == 0  # all complete
+    assert "0 samples (4 already complete)" in capsys.readouterr().out

@@ -27,7 +27,8 @@ from ..models.checkpoints import resolve_sampling
 from ..sampler import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
-from ..store.writer import StoreExistsError, StoreWriter, WriteError, create_store, read_flags
+from ..store.writer import (StoreExistsError, StoreWriter, WriteError, create_store, describe_os_error,
+                            read_flags)
 from .probe import Probe
 from .spec import SelectionSpec
 
@@ -167,7 +168,8 @@ def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite
         return
     if resume:
         raise FileNotFoundError(f"cannot resume: store {str(out)!r} does not exist; expected a store written by "
-                                "an earlier `mar-probe record` with the same settings")
+                                "an earlier `mar-probe record` with the same settings (a run killed before it "
+                                "created its store left none: run again without --resume)")
     if out.exists() and not overwrite:
         raise StoreExistsError(f"store {str(out)!r} already exists; pass --resume to complete it or --overwrite "
                               "to replace it")
@@ -176,7 +178,7 @@ def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite
         create_store(tmp, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=True)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise WriteError(f"creating the store {str(out)!r} failed: {type(exc).__name__}: {exc}; nothing was "
+        raise WriteError(f"creating the store {str(out)!r} failed: {describe_os_error(exc)}; nothing was "
                          "written there") from exc
     if overwrite and out.exists():
         shutil.rmtree(out)

@@ -9,6 +9,7 @@ that step's data, and ``complete`` of a sample only after all of its data.
 """
 from __future__ import annotations
 
+import errno
 import json
 import queue
 import shutil
@@ -86,6 +87,14 @@ class WriteError(RuntimeError):
     """Writing the store failed (e.g. the disk is full); steps not flagged done are redone by --resume."""
 
 
+def describe_os_error(exc: BaseException) -> str:
+    """``Type: message``, with a hint when the disk is full."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        text += " (the disk is full: free space or choose another --out)"
+    return text
+
+
 class StoreWriter:
     """Writes step records and per-sample results to an existing store from a background thread.
 
@@ -129,8 +138,9 @@ class StoreWriter:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             err = self._error
-            raise WriteError(f"writing the store {str(self.path)!r} failed: {type(err).__name__}: {err}; the store "
-                             "stays consistent (steps not flagged done are redone by --resume)") from err
+            raise WriteError(f"writing the store {str(self.path)!r} failed: {describe_os_error(err)}; the store stays "
+                             "consistent: steps written so far are flagged done, the others are masked as incomplete "
+                             "and redone by `mar-probe record --resume` with the same settings") from err
 
     def close(self, *, raise_error: bool = True) -> None:
         """Wait until everything queued is written; raise :class:`WriteError` if a write failed."""
