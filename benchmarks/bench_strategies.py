@@ -2,18 +2,24 @@
 
 Default: the mar_base architecture with random weights, batch 1, 64 steps, CFG 3.0 (linear schedule), 100
 diffusion steps, on the CPU — the setting of ``shared/facts.md`` (official MAR 181 s per image on 2 cores;
-released LazyMAR 2.31x end to end). Every strategy runs with its default options in one process, one after the
-other, after a short warm-up; FLOPs are what each strategy reports (see ``mar_probe.strategies.cost``).
-Targets from the issue: ``lazymar`` >= 2.3x end to end, ``marche`` >= 1.6x on the transformer (encoder + decoder).
+released LazyMAR 2.31x end to end). Every strategy runs with its default options in one process; the strategies
+alternate within each of ``--rounds`` rounds (odd rounds in reverse order, so slow drifts of the machine's load
+hit all alike), after a short warm-up. Seconds are reported per component as the best and the median over rounds
+with their spread; speed-ups divide ``full``'s time by the strategy's (best by best, median by median, and per
+round); FLOPs are what each strategy reports (see ``mar_probe.strategies.cost``) and do not vary between rounds.
+The load average before and after is stored beside the numbers. Targets from the issue: ``lazymar`` >= 2.3x end
+to end, ``marche`` >= 1.6x on the transformer (encoder + decoder).
 
-    python benchmarks/bench_strategies.py                       # writes results/strategies_<host>.json/.md
+    python benchmarks/bench_strategies.py                       # writes results/strategies_<host>.json/.md/.png
     python benchmarks/bench_strategies.py --tiny --out /tmp/b   # smoke run: mar_tiny, a few steps
     python benchmarks/bench_strategies.py --strategies full,marche --strategy-opt marche:budget=32
 """
 from __future__ import annotations
 
 import json
+import os
 import socket
+import statistics
 import time
 from pathlib import Path
 
@@ -23,6 +29,8 @@ from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, sample, strategies
 
 COMPONENTS = ("encoder", "decoder", "head")
+PARTS = ("end_to_end", "transformer") + COMPONENTS
+DEFAULT_STRATEGIES = "full,fewer-steps,lazymar,marche,compose"
 TARGETS = {"lazymar": ("end_to_end", 2.3), "marche": ("transformer", 1.6)}
 
 
@@ -42,31 +50,99 @@ def run_one(model, name: str, options: dict, args) -> dict:
             "flops_by_kind": tot["flops"]}
 
 
+def summarise(runs: list[dict]) -> dict:
+    """Rounds of one strategy -> seconds per part (per round, best, median, spread) and its FLOPs."""
+    per_round = {p: [r["seconds"][p] for r in runs] for p in PARTS}
+    best = {p: min(v) for p, v in per_round.items()}
+    median = {p: statistics.median(v) for p, v in per_round.items()}
+    spread = {p: (max(v) - min(v)) / median[p] if median[p] else 0.0 for p, v in per_round.items()}
+    first = runs[0]
+    return {"strategy": first["strategy"], "steps": first["steps"], "seconds_per_round": per_round,
+            "seconds": best, "seconds_median": median, "spread": spread, "flops": first["flops"],
+            "flops_by_kind": first["flops_by_kind"]}
+
+
 def ratios(rows: dict) -> None:
-    """Add speed-up (full time / time) and FLOP ratio (full FLOPs / FLOPs) per part to every row."""
+    """Add speed-ups (full time / time: best, median, per round) and FLOP ratios (full FLOPs / FLOPs) per part."""
     base = rows["full"]
     for row in rows.values():
         row["speedup"] = {k: base["seconds"][k] / v if v else None for k, v in row["seconds"].items()}
+        row["speedup_median"] = {k: base["seconds_median"][k] / v if v else None
+                                 for k, v in row["seconds_median"].items()}
+        row["speedup_per_round"] = {k: [b / s if s else None for b, s in zip(base["seconds_per_round"][k], v)]
+                                    for k, v in row["seconds_per_round"].items()}
         row["flop_ratio"] = {k: base["flops"][k] / v if v else None for k, v in row["flops"].items()}
 
 
+def load_average() -> dict:
+    """1/5/15-minute load averages and the number of runnable processes (None where unknown)."""
+    try:
+        one, five, fifteen = os.getloadavg()
+        return {"1min": one, "5min": five, "15min": fifteen, "time": time.strftime("%H:%M:%S %Z")}
+    except OSError:
+        return {"1min": None, "5min": None, "15min": None, "time": time.strftime("%H:%M:%S %Z")}
+
+
 def markdown(payload: dict) -> str:
-    """A table per part: seconds, GFLOPs, speed-up and FLOP ratio against full."""
-    s = payload["settings"]
+    """A table per strategy and part: best/median seconds, spread, GFLOPs, speed-up and FLOP ratio against full."""
+    s, m = payload["settings"], payload["machine"]
+    lo, hi = payload["load"]["before"], payload["load"]["after"]
     lines = [f"# Strategies side by side ({s['preset']}, batch {s['batch']}, {s['num_iter']} steps, CFG {s['cfg']}, "
-             f"{s['num_sampling_steps']} diffusion steps)", "",
-             f"Machine: {payload['machine']['cpu']} ({payload['machine']['cores']} cores, "
-             f"{payload['machine']['torch_threads']} torch threads), {payload['machine']['date']}.", "",
-             "| strategy | part | seconds | GFLOPs | speed-up | FLOP ratio |", "|---|---|---:|---:|---:|---:|"]
+             f"{s['num_sampling_steps']} diffusion steps, {s['rounds']} rounds)", "",
+             f"Machine: {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads), {m['date']}; load "
+             f"average before {lo['1min']:.2f}/{lo['5min']:.2f}/{lo['15min']:.2f}, after "
+             f"{hi['1min']:.2f}/{hi['5min']:.2f}/{hi['15min']:.2f} (1/5/15 min).", "",
+             "| strategy | part | best s | median s | spread | GFLOPs | speed-up (best) | speed-up (median) "
+             "| FLOP ratio |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in payload["results"].items():
-        for part in ("end_to_end", "transformer") + COMPONENTS:
-            sp, fr = row["speedup"][part], row["flop_ratio"][part]
-            lines.append(f"| {name} | {part} | {row['seconds'][part]:.2f} | {row['flops'][part] / 1e9:.1f} | "
-                         f"{sp:.2f}x | {fr:.2f}x |" if sp and fr else f"| {name} | {part} | - | - | - | - |")
+        for part in PARTS:
+            sp, sm, fr = row["speedup"][part], row["speedup_median"][part], row["flop_ratio"][part]
+            if not (sp and fr):
+                lines.append(f"| {name} | {part} | - | - | - | - | - | - | - |")
+                continue
+            lines.append(f"| {name} | {part} | {row['seconds'][part]:.1f} | {row['seconds_median'][part]:.1f} | "
+                         f"{100 * row['spread'][part]:.0f}% | {row['flops'][part] / 1e9:.0f} | {sp:.2f}x | "
+                         f"{sm:.2f}x | {fr:.2f}x |")
     lines += ["", "Targets: " + "; ".join(
-        f"{n} {part} >= {t}x: reached {payload['results'][n]['speedup'][part]:.2f}x"
+        f"{n} {part} >= {t}x: reached {payload['results'][n]['speedup'][part]:.2f}x (best), "
+        f"{payload['results'][n]['speedup_median'][part]:.2f}x (median), FLOP ratio "
+        f"{payload['results'][n]['flop_ratio'][part]:.2f}x"
         for n, (part, t) in TARGETS.items() if n in payload["results"])]
     return "\n".join(lines) + "\n"
+
+
+def figure(payload: dict, path: Path) -> Path:
+    """Bars of best seconds per component (stacked) per strategy, labelled with time and FLOP speed-ups."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    rows = payload["results"]
+    names = list(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for ax, key, unit, scale in ((axes[0], "seconds", "seconds (best of rounds)", 1.0),
+                                 (axes[1], "flops", "GFLOPs", 1e-9)):
+        bottom = [0.0] * len(names)
+        for comp in COMPONENTS:
+            vals = [rows[n][key][comp] * scale for n in names]
+            ax.bar(names, vals, bottom=bottom, label=comp)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ratio = "speedup" if key == "seconds" else "flop_ratio"
+        for i, n in enumerate(names):
+            r = rows[n][ratio]
+            ax.annotate(f"{r['end_to_end']:.2f}x\n(tf {r['transformer']:.2f}x)", (i, bottom[i]), ha="center",
+                        va="bottom", fontsize=8)
+        ax.set_ylabel(unit)
+        ax.set_ylim(0, max(bottom) * 1.25)
+        ax.tick_params(axis="x", labelrotation=20)
+    axes[0].set_title("time: end-to-end speed-up (transformer)")
+    axes[1].set_title("FLOPs: end-to-end ratio (transformer)")
+    axes[0].legend(loc="upper right")
+    s = payload["settings"]
+    fig.suptitle(f"{s['preset']}, batch {s['batch']}, {s['num_iter']} steps, CFG {s['cfg']}, "
+                 f"{s['num_sampling_steps']} diffusion steps, {payload['machine']['cores']} cores")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def parse_strategy_opts(pairs) -> dict:
@@ -80,42 +156,60 @@ def parse_strategy_opts(pairs) -> dict:
     return out
 
 
+def run_rounds(model, names, opts, args) -> dict:
+    """``args.rounds`` rounds over the strategies (odd rounds reversed); the runs of each strategy."""
+    runs: dict = {n: [] for n in names}
+    for r in range(args.rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            res = run_one(model, n, opts.get(n, {}), args)
+            runs[n].append(res)
+            print(f"round {r} {n}: {res['seconds']['end_to_end']:.1f} s (" + ", ".join(
+                f"{c} {res['seconds'][c]:.1f} s / {res['flops'][c] / 1e9:.1f} GFLOPs" for c in COMPONENTS) + ")",
+                flush=True)
+    return runs
+
+
 def main(argv=None):
     p = bench_parser(__doc__)
-    p.add_argument("--strategies", default=",".join(strategies.available()),
-                   help="comma-separated names (full is always included)")
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
+                   help=f"comma-separated names, or 'all' for every registered one (default {DEFAULT_STRATEGIES}; "
+                        "full is always included)")
     p.add_argument("--strategy-opt", action="append", default=[], metavar="NAME:KEY=VALUE")
+    p.add_argument("--rounds", type=int, default=2, help="rounds over all strategies (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--tiny", action="store_true", help="smoke run: mar_tiny, 4 steps, 5 diffusion steps")
     p.add_argument("--out", help="output folder (default: benchmarks/results)")
     p.add_argument("--progress", action="store_true")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds!r}")
     if args.tiny:
         args.preset, args.num_iter, args.num_sampling_steps = "mar_tiny", 4, "5"
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = ["full"] + [n for n in args.strategies.split(",") if n and n != "full"]
+    chosen = strategies.available() if args.strategies == "all" else args.strategies.split(",")
+    names = ["full"] + [n for n in chosen if n and n != "full"]
     opts = parse_strategy_opts(args.strategy_opt)
     for n in names:
         strategies.create(n, **opts.get(n, {}))                     # fail early on bad names/options
     torch.manual_seed(0)
     model = create_model(args.preset, num_sampling_steps=args.num_sampling_steps).eval()
+    before = load_average()
     sample(model, [0], num_iter=2, cfg=args.cfg, seed=0)            # warm-up (allocator, kernels)
-    results = {}
-    for n in names:
-        results[n] = run_one(model, n, opts.get(n, {}), args)
-        r = results[n]
-        print(f"{n}: {r['seconds']['end_to_end']:.1f} s (" + ", ".join(
-            f"{c} {r['seconds'][c]:.1f} s / {r['flops'][c] / 1e9:.1f} GFLOPs" for c in COMPONENTS) + ")", flush=True)
+    runs = run_rounds(model, names, opts, args)
+    results = {n: summarise(r) for n, r in runs.items()}
     ratios(results)
-    settings = {k: getattr(args, k) for k in ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed")}
-    payload = {"machine": machine(), "settings": settings, "results": results}
+    settings = {k: getattr(args, k) for k in ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed",
+                                              "rounds")}
+    payload = {"machine": machine(), "settings": settings, "load": {"before": before, "after": load_average()},
+               "results": results}
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
     stem = f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "")
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
     (out / f"{stem}.md").write_text(markdown(payload))
+    figure(payload, out / f"{stem}.png")
     print(markdown(payload))
 
 
