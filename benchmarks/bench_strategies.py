@@ -7,7 +7,8 @@ alternate within each of ``--rounds`` rounds (odd rounds in reverse order, so sl
 hit all alike), after a short warm-up. Seconds are reported per component as the best and the median over rounds
 with their spread; speed-ups divide ``full``'s time by the strategy's (best by best, median by median, and per
 round); FLOPs are what each strategy reports (see ``mar_probe.strategies.cost``) and do not vary between rounds.
-The load average before and after is stored beside the numbers. Targets from the issue: ``lazymar`` >= 2.3x end
+The load average before and after is stored beside the numbers; ``--clock cpu --threads 1`` times this process's
+CPU seconds instead of wall time, for a machine shared with other jobs. Targets from the issue: ``lazymar`` >= 2.3x end
 to end, ``marche`` >= 1.6x on the transformer (encoder + decoder).
 
     python benchmarks/bench_strategies.py                       # writes results/strategies_<host>.json/.md/.png
@@ -27,6 +28,9 @@ import torch
 
 from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, sample, strategies
+from mar_probe.strategies import Timer
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 COMPONENTS = ("encoder", "decoder", "head")
 PARTS = ("end_to_end", "transformer") + COMPONENTS
@@ -37,15 +41,16 @@ TARGETS = {"lazymar": ("end_to_end", 2.3), "marche": ("transformer", 1.6)}
 def run_one(model, name: str, options: dict, args) -> dict:
     """Sample once with one strategy; seconds and FLOPs per component and their totals."""
     strategy = strategies.create(name, **options)
-    t0 = time.perf_counter()
+    clock = CLOCKS[args.clock]
+    t0 = clock()
     res = sample(model, list(range(args.batch)), num_iter=args.num_iter, cfg=args.cfg, seed=args.seed,
                  strategy=strategy, progress=args.progress)
-    wall = time.perf_counter() - t0
+    elapsed = clock() - t0
     tot = res.cost["totals"]
     sec = {c: tot["seconds"].get(c, 0.0) for c in COMPONENTS}
     flops = {c: sum(v for k, v in tot["flops"].items() if k.startswith(c + ".")) for c in COMPONENTS}
     sec["transformer"], flops["transformer"] = sec["encoder"] + sec["decoder"], flops["encoder"] + flops["decoder"]
-    sec["end_to_end"], flops["end_to_end"] = wall, tot["flops_total"]
+    sec["end_to_end"], flops["end_to_end"] = elapsed, tot["flops_total"]
     return {"strategy": strategy.to_dict(), "steps": len(res.cost["steps"]), "seconds": sec, "flops": flops,
             "flops_by_kind": tot["flops"]}
 
@@ -88,7 +93,7 @@ def markdown(payload: dict) -> str:
     s, m = payload["settings"], payload["machine"]
     lo, hi = payload["load"]["before"], payload["load"]["after"]
     lines = [f"# Strategies side by side ({s['preset']}, batch {s['batch']}, {s['num_iter']} steps, CFG {s['cfg']}, "
-             f"{s['num_sampling_steps']} diffusion steps, {s['rounds']} rounds)", "",
+             f"{s['num_sampling_steps']} diffusion steps, {s['rounds']} rounds, {s['clock']} clock)", "",
              f"Machine: {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads), {m['date']}; load "
              f"average before {lo['1min']:.2f}/{lo['5min']:.2f}/{lo['15min']:.2f}, after "
              f"{hi['1min']:.2f}/{hi['5min']:.2f}/{hi['15min']:.2f} (1/5/15 min).", "",
@@ -176,6 +181,8 @@ def main(argv=None):
                         "full is always included)")
     p.add_argument("--strategy-opt", action="append", default=[], metavar="NAME:KEY=VALUE")
     p.add_argument("--rounds", type=int, default=2, help="rounds over all strategies (default 2)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time (default) or this process's CPU time (needs --threads 1; for a shared machine)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--tiny", action="store_true", help="smoke run: mar_tiny, 4 steps, 5 diffusion steps")
@@ -186,8 +193,11 @@ def main(argv=None):
         p.error(f"--rounds must be >= 1, got {args.rounds!r}")
     if args.tiny:
         args.preset, args.num_iter, args.num_sampling_steps = "mar_tiny", 4, "5"
+    if args.clock == "cpu" and args.threads != 1:
+        p.error(f"--clock cpu measures one process's CPU seconds and needs --threads 1, got {args.threads!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    Timer.clock = staticmethod(CLOCKS[args.clock])
     chosen = strategies.available() if args.strategies == "all" else args.strategies.split(",")
     names = ["full"] + [n for n in chosen if n and n != "full"]
     opts = parse_strategy_opts(args.strategy_opt)
@@ -201,12 +211,12 @@ def main(argv=None):
     results = {n: summarise(r) for n, r in runs.items()}
     ratios(results)
     settings = {k: getattr(args, k) for k in ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed",
-                                              "rounds")}
+                                              "rounds", "clock")}
     payload = {"machine": machine(), "settings": settings, "load": {"before": before, "after": load_average()},
                "results": results}
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "")
+    stem = f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "") + ("_cpu" if args.clock == "cpu" else "")
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
     (out / f"{stem}.md").write_text(markdown(payload))
     figure(payload, out / f"{stem}.png")
