@@ -438,6 +438,8 @@ def _cmd_study(args) -> int:
     from .models.checkpoints import DEFAULT_CHECKPOINT
     from .probe.spec import parse_index_list
     from .study import StudyConfig, run_study
+    import torch
+    torch.manual_seed(0)  # random-weight presets: the same weights on every call, so complete stores are reused
     model = build_model(args)
     config = StudyConfig(out=args.out, samples_per_seed=args.samples_per_seed,
                          seeds=parse_index_list(args.seeds, "--seeds"), num_iter=args.num_iter, cfg=args.cfg,

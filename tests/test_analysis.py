@@ -38,6 +38,8 @@ def synthetic_run(seed=0, samples=3, chunked=True):
     z[:, :, :, :S_BUF] = np.nan
     data = {"dec_k": (lead + ("layer", "token", "head", "d_head"), rng.normal(size=kv_shape).astype(np.float16)),
             "dec_v": (lead + ("layer", "token", "head", "d_head"), rng.normal(size=kv_shape).astype(np.float16)),
+            "dec_resid_post": (lead + ("layer", "token", "d_model"),
+                               rng.normal(size=(samples, STEPS, 2, LAYERS, N, DM)).astype(np.float16)),
             "z": (lead + ("token", "d_model"), z),
             "z_cfg_resid": (("sample", "step", "token", "d_model"), z[:, :, 0] - z[:, :, 1]),
             "attn_gen": (lead + ("layer", "token"), rng.random((samples, STEPS, 2, LAYERS, N)).astype(np.float32)),
@@ -51,6 +53,12 @@ def synthetic_run(seed=0, samples=3, chunked=True):
 @pytest.fixture(scope="module")
 def run():
     return synthetic_run()
+
+
+@pytest.fixture(scope="module")
+def run_np():
+    """The same run held in numpy arrays (no dask graph: fast for whole-run summaries)."""
+    return synthetic_run(chunked=False)
 
 
 def _np_cos(a, b):
@@ -198,6 +206,102 @@ def test_perfect_selector_has_full_precision(run):
     assert (out["precision"] == 1).all() and (out["jaccard"] == 1).all()
 
 
+def test_cfg_residual_from_cond_branch_and_stored_residual(run):
+    both = A.cfg_residual_mse(run).compute()
+    cond_only = A.cfg_residual_mse(run.sel(branch=["cond"])).compute()
+    for q in ("cond", "uncond", "residual", "ratio_cond", "ratio_uncond"):
+        np.testing.assert_allclose(cond_only[q].values, both[q].values, rtol=1e-5)
+
+
+def test_lazymar_selector_matches_numpy_loop(run):
+    score = A.lazymar_selector(run, layer=1).values
+    v = run["dec_v"].sel(branch="cond").values
+    actual = A.drift(run["dec_k"].sel(branch="cond", drop=True)).sel(layer=[2])
+    out = A.selection_vs_drift(A.lazymar_selector(run, layer=1), actual, A.token_categories(run), k=[3]).compute()
+    codes = A.token_categories(run).values
+    cand = np.isin(codes, [A.CATEGORIES.index(c) for c in A.CANDIDATES])
+    k = run["dec_k"].sel(branch="cond").values
+    for i, s in [(0, 1), (1, 3), (2, 2)]:
+        sc = np.array([1 - _np_cos(v[i, s, 1, t], v[i, s - 1, 1, t]) for t in range(N)])
+        np.testing.assert_allclose(score[i, s - 1], sc, rtol=1e-4, atol=1e-6)
+        dk = np.array([1 - _np_cos(k[i, s, 2, t], k[i, s - 1, 2, t]) for t in range(N)])
+        top_v, top_k = _np_topk(sc, cand[i, s], 3), _np_topk(dk, cand[i, s], 3)
+        got = out.sel(sample=i, step=s, layer=2).isel(k=0)
+        assert got["precision"].item() == pytest.approx(len(top_v & top_k) / 3)
+
+
+def test_topk_overlap_known_answers():
+    ds = synthetic_run(chunked=False)
+    attn = ds["attn_gen"].values.copy()
+    attn[:, :, :, 0] = attn[:, :, :, 1]                    # layer 0 ranks like the reference: overlap 1
+    attn[:, :, :, 2] = 2 - attn[:, :, :, 1]                # layer 2 ranks in reverse: disjoint top-K
+    attn[:, 1:] = attn[:, :1]                              # every step like step 0
+    out = A.topk_overlap_layers(ds.assign(attn_gen=(ds["attn_gen"].dims, attn)), k=[1, 2], ref_layer=1,
+                                exclude_generating=False).values
+    np.testing.assert_array_equal(out[:, :, 0], 1)
+    np.testing.assert_array_equal(out[:, :, 2], 0)
+    steps = A.topk_overlap_steps(ds.assign(attn_gen=(ds["attn_gen"].dims, attn)), k=4).values
+    np.testing.assert_array_equal(steps, 1)
+
+
+def test_run_summary_matches_numpy(run_np):
+    from scipy import stats
+    run = run_np
+    table, skipped = A.run_summary(run, layer=1, k=3, threshold=0.1)
+    assert skipped == {}
+    k = run["dec_k"].sel(branch="cond").values.astype(np.float64)
+    codes = A.token_categories(run).values
+    row = table[(table["quantity"] == "share_cos>0.1") & (table["var"] == "dec_k") & (table["layer"] == 2)
+                & (table["category"] == ">t")].iloc[0]
+    per = []
+    for i in range(3):
+        cos = np.stack([[_np_cos(k[i, s, 2, t], k[i, s - 1, 2, t]) for t in range(N)] for s in range(1, STEPS)])
+        vals = np.concatenate([cos[s - 1][codes[i, s] == A.CATEGORIES.index(">t")] for s in range(1, STEPS)])
+        per.append((vals > 0.1).mean())
+    half = stats.t.ppf(0.975, 2) * np.std(per, ddof=1) / np.sqrt(3)
+    assert row["mean"] == pytest.approx(np.mean(per)) and row["n"] == 3
+    assert row["lo"] == pytest.approx(np.mean(per) - half) and row["hi"] == pytest.approx(np.mean(per) + half)
+    z = run["z"].values.astype(np.float64)[:, :, :, S_BUF:]
+    ratios = [np.mean([((z[i, s, 0] - z[i, s - 1, 0]) ** 2).mean() for s in range(1, STEPS)])
+              / np.mean([(((z[i, s, 0] - z[i, s, 1]) - (z[i, s - 1, 0] - z[i, s - 1, 1])) ** 2).mean()
+                         for s in range(1, STEPS)]) for i in range(3)]
+    got = table[table["quantity"] == "ratio_cond/residual"].iloc[0]
+    assert got["mean"] == pytest.approx(np.mean(ratios), rel=1e-5)
+    sel = table[(table["section"] == "selection") & (table["quantity"] == "precision_topk_drift")]
+    assert set(sel["selector"]) == {"attention@layer1", "lazymar_vcos@layer1", "random"}
+    assert set(sel["layer"]) == {2} and (sel["n"] == 3).all()
+    text = A.format_summary(table, skipped)
+    assert "ratio_cond/residual" in text and "[stability] share_cos>0.1 of dec_k" in text
+
+
+def test_run_summary_reports_what_the_store_lacks(run_np):
+    run = run_np
+    table, skipped = A.run_summary(run.drop_vars(["attn_gen", "dec_resid_post"]), k=2)
+    assert "mar-probe record --vars attn_gen" in skipped["selection"]
+    assert "mar-probe record --vars attn_gen" in skipped["overlap"]
+    assert set(table["section"]) == {"stability", "cfg"}
+    _, skipped = A.run_summary(run, layer=7, k=2)
+    assert skipped["selection"] == "layer [7] not in the store; it has layer [0, 1, 2]"
+
+
+def test_combine_runs_pools_samples_and_checks_steps():
+    a, b = synthetic_run(seed=0, samples=2), synthetic_run(seed=1, samples=3)
+    a.attrs["seed"], b.attrs["seed"] = 0, 1
+    both = A.combine_runs([a, b], names=["a", "b"])
+    assert both.sizes["sample"] == 5 and both["run_seed"].values.tolist() == [0, 0, 1, 1, 1]
+    np.testing.assert_array_equal(both["dec_k"].isel(sample=3).values, b["dec_k"].isel(sample=1).values)
+    assert A.aggregate(A.cfg_residual_mse(both)["cond"])["n"].min() == 5
+    with pytest.raises(ValueError, match=r"run 1 has step \[0, 1\], run 0 has \[0, 1, 2, 3\]; expected the same steps"):
+        A.combine_runs([a, b.sel(step=[0, 1])])
+
+
+def test_stream_chunks_groups_steps_and_keeps_values(run):
+    grouped = A.stream_chunks(run, max_bytes=3 * run["dec_k"].isel(sample=0, step=0).nbytes)
+    assert grouped["dec_k"].chunks[1] == (3, 1) and grouped["dec_k"].chunks[0] == (1, 1, 1)
+    np.testing.assert_array_equal(A.cosine_stability(grouped["dec_v"]).values,
+                                  A.cosine_stability(run["dec_v"]).values)
+
+
 def test_aggregate_t_and_bootstrap():
     x = xr.DataArray(np.array([[1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 5.0, np.nan]]).T, dims=("sample", "step"))
     t = A.aggregate(x)
@@ -222,28 +326,33 @@ def test_bad_inputs_name_flags_and_list_what_is_there(run):
         A.attention_selector(run, layer=7)
     with pytest.raises(ValueError, match=r"steps \[0, 1, 2, 3\]"):
         A.cosine_stability(run["dec_k"], lag=9)
-    with pytest.raises(ValueError, match="branch"):
-        A.cfg_residual_mse(run.sel(branch=["cond"]))
+    with pytest.raises(ValueError, match=r"branch \['cond'\].*mar-probe record --vars z,z_cfg_resid"):
+        A.cfg_residual_mse(run.sel(branch=["cond"]).drop_vars("z_cfg_resid"))
     with pytest.raises(ValueError, match="'nope'"):
         A.category_masks(A.token_categories(run), ["nope"])
 
 
-@pytest.fixture(scope="module")
-def tiny_store(tmp_path_factory):
-    """A real recorded store: mar_tiny, 2 samples x 6 steps, without dec_v (so marche_fig11 is skipped)."""
+def tiny_model(depth=3):
+    """mar_tiny with ``depth`` encoder and decoder blocks and perturbed weights (so steps differ)."""
     import torch
     from mar_probe import create_model
-    from mar_probe.probe.record import record
-    from mar_probe.probe.spec import SelectionSpec
     torch.manual_seed(0)
-    model = create_model("mar_tiny").eval()
+    model = create_model("mar_tiny", encoder_depth=depth, decoder_depth=depth).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    """A real recorded store: mar_tiny (3+3 blocks), 2 samples x 6 steps, without dec_v (so marche_fig11 is skipped)."""
+    from mar_probe.probe.record import record
+    from mar_probe.probe.spec import SelectionSpec
     path = tmp_path_factory.mktemp("tiny") / "run.zarr"
     spec = SelectionSpec(variables=("dec_k", "dec_resid_post", "z", "z_cfg_resid", "attn_gen"))
-    record(model, np.arange(2), path, spec, seed=0, num_iter=6, cfg=2.0)
+    record(tiny_model(), np.arange(2), path, spec, seed=0, num_iter=6, cfg=2.0)
     return path
 
 
@@ -260,8 +369,95 @@ def test_figures_command_writes_png_csv_and_reports_skips(tiny_store, tmp_path, 
         assert len(pd.read_csv(out / f"{name}.csv")) > 0
     assert not (out / "marche_fig11.png").exists()
     assert "marche_fig11 (skipped)" in (out / "index.md").read_text()
+    html = (out / "index.html").read_text()
+    assert "<img src='selection_vs_drift.png'" in html and "MARché Fig. 12" in html
     fig2 = pd.read_csv(out / "lazymar_fig2.csv")
-    assert set(fig2["quantity"]) == {"cond", "uncond", "residual", "ratio_cond"} and (fig2["n"] == 2).all()
+    assert set(fig2["quantity"]) == {"cond", "uncond", "residual", "ratio_cond", "ratio_cond_overall"}
+    assert (fig2["n"] == 2).all()
+
+
+def test_figures_only_and_formats(tiny_store, tmp_path, capsys):
+    from mar_probe.cli import main
+    out = tmp_path / "some"
+    assert main(["figures", str(tiny_store), str(tiny_store), "--out", str(out), "--only",
+                 "lazymar_fig2,marche_fig12", "--format", "png,pdf"]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["index.html", "index.md", "lazymar_fig2.csv", "lazymar_fig2.pdf", "lazymar_fig2.png",
+                     "marche_fig12.csv", "marche_fig12.pdf", "marche_fig12.png"]
+    assert (out / "lazymar_fig2.pdf").read_bytes()[:4] == b"%PDF"
+    assert main(["figures", str(tiny_store), "--out", str(out), "--only", "fig99"]) == 2
+    assert "unknown figure(s) ['fig99']; expected some of ['lazymar_fig1'" in capsys.readouterr().err
+    assert main(["figures", str(tiny_store), "--out", str(out), "--format", "png,bmpx"]) == 2
+    assert "unknown image format(s) ['bmpx']" in capsys.readouterr().err
+
+
+def _lines(ax):
+    return {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+
+
+@pytest.mark.parametrize("name, x", [("lazymar_fig1", "step"), ("lazymar_fig2", "step"), ("marche_fig12", "step"),
+                                     ("selection_vs_drift", "k")])
+def test_csv_holds_exactly_the_plotted_lines(run, name, x):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mar_probe.plot.report import FIGURES
+    data = FIGURES[name].data(run)
+    ax = FIGURES[name].plot(data)
+    axes = [ax] + [a for a in ax.figure.axes if a is not ax and a.bbox.bounds == ax.bbox.bounds]
+    lines = {k: v for a in axes for k, v in _lines(a).items() if k in set(data["series"])}
+    plotted = data[data["series"].isin(lines)]
+    assert set(lines) == set(data["series"].dropna()) - {"ratio_cond_overall"}
+    for series, g in plotted.groupby("series"):
+        g = g.sort_values(x)
+        np.testing.assert_allclose(lines[series].get_xdata(), g[x])
+        np.testing.assert_allclose(lines[series].get_ydata(), g["mean"])
+        assert (g["lo"] <= g["mean"] + 1e-12).all() and (g["hi"] >= g["mean"] - 1e-12).all()
+    bands = sum(len(a.collections) for a in axes)
+    assert bands == len(lines)
+    if name == "lazymar_fig2":
+        o = data[data["series"] == "ratio_cond_overall"].iloc[0]
+        assert f"{o['mean']:.1f}x [{o['lo']:.1f}, {o['hi']:.1f}]" in ax.get_title()
+    plt.close(ax.figure)
+
+
+def test_csv_holds_exactly_the_plotted_maps(run):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mar_probe.plot import figures as F
+    data = F.cosine_map_data(run, "dec_v", pairs=[(0, 1), (2, 3)], layers=[0, 2], sample=1)
+    axes = F.marche_fig11(data)
+    for i, (s0, layer) in enumerate([(0, 0), (0, 2), (2, 0), (2, 2)]):
+        ax = axes[i // 2][i % 2]
+        g = data[(data["step_from"] == s0) & (data["layer"] == layer)]
+        np.testing.assert_allclose(ax.images[0].get_array(), g.pivot(index="row", columns="col", values="cos").values)
+        assert f"{g['share_mean'].iloc[0]:.0%} [{g['share_lo'].iloc[0]:.0%}, " in ax.get_title()
+    v = run["dec_v"].sel(branch="cond").values
+    tok = S_BUF + 4
+    row = data[(data["step_from"] == 2) & (data["layer"] == 2) & (data["token"] == tok)].iloc[0]
+    assert row["cos"] == pytest.approx(_np_cos(v[1, 3, 2, tok], v[1, 2, 2, tok]), rel=1e-5)
+    assert (row["row"], row["col"]) == (4 // GRID, 4 % GRID)
+    plt.close(axes[0][0].figure)
+
+
+def test_analyze_command_table_json_and_bad_inputs(tiny_store, tmp_path, capsys):
+    import json
+    from mar_probe.cli import main
+    assert main(["analyze", str(tiny_store), "--k", "8", "--json", str(tmp_path / "s.json")]) == 0
+    text = capsys.readouterr().out
+    assert "* t-1 drifts most (dec_resid_post" in text and "ratio_cond/residual" in text
+    assert "selection K=8, precision = recall vs the top-8 drifting tokens at layer 2" in text
+    assert "[selection] skipped" not in text
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert report["settings"]["samples"] == 2 and report["settings"]["k"] == 8
+    assert {r["section"] for r in report["rows"]} == {"stability", "cfg", "selection", "overlap"}
+    assert main(["analyze", str(tiny_store), "--k", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["headlines"] == report["headlines"]
+    assert main(["analyze", str(tiny_store), "--layer", "5"]) == 0
+    assert "[selection] skipped: layer [5] not in the store; it has layer [0, 1, 2]" in capsys.readouterr().out
+    assert main(["analyze", str(tmp_path / "nope.zarr")]) == 2
+    assert "not found" in capsys.readouterr().err
 
 
 def test_open_run_analysis_matches_numpy(tiny_store):

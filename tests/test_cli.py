@@ -60,3 +60,45 @@ def test_help_reads_well(capsys):
     text = capsys.readouterr().out
     for flag in ("--model", "--checkpoint", "--vae", "--num-iter", "--cfg-schedule", "--temperature", "--out"):
         assert flag in text
+
+
+def test_study_records_then_writes_grid_figures_and_summary(tmp_path, capsys):
+    from mar_probe.analysis import open_runs
+    from mar_probe.study import StudyConfig
+    out = tmp_path / "study"
+    argv = ["study", "--model", "mar_tiny", "--num-iter", "5", "--samples-per-seed", "2", "--seeds", "0,3",
+            "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "* CFG residual: adjacent-step MSE cond/residual = " in printed
+    assert "skipped selection: no dec_k layer after the selection layer 1; the store has layer [0, 1]" in printed
+    for name in ("grid.png", "summary.txt", "figures/index.html", "figures/lazymar_fig1.png",
+                 "figures/marche_fig11.csv", "figures/marche_fig12.png"):
+        assert (out / name).stat().st_size > 0, name
+    ds = open_runs([out / "seed0.zarr", out / "seed3.zarr"])
+    assert ds["label"].values.tolist() == [0, 1, 2, 3] and ds["run_seed"].values.tolist() == [0, 0, 3, 3]
+    assert ds["step"].values.tolist() == list(range(5)) and ds["branch"].values.tolist() == ["cond"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["samples"] == 4 and all(r["n"] == 4 for r in summary["rows"])
+    study = json.loads((out / "study.json").read_text())
+    assert StudyConfig.from_dict(study["config"]).seeds == (0, 3)
+    chunk = next((out / "seed0.zarr" / "dec_k").rglob("c/*/*/*/*/*/*/*"))
+    before = chunk.stat().st_mtime_ns
+    assert main(argv) == 0                                   # complete stores are reused, not re-recorded
+    assert chunk.stat().st_mtime_ns == before
+    assert main(argv + ["--seeds", "0,0"]) == 2
+    assert "StudyConfig.seeds must be distinct non-negative integers, got (0, 0)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(samples_per_seed=0), "samples_per_seed must be a positive integer, got 0"),
+    (dict(cfg=1.0), "cfg must differ from 1.0"),
+    (dict(layer=-1), "layer must be a non-negative integer, got -1"),
+])
+def test_study_config_validates(kw, match):
+    from mar_probe.study import StudyConfig
+    with pytest.raises(ValueError, match=match):
+        StudyConfig(**kw)
+    with pytest.raises(ValueError, match=r"unknown StudyConfig field\(s\) \['sample'\]"):
+        StudyConfig.from_dict({"sample": 3})
+    assert StudyConfig.from_dict(StudyConfig(seeds=(4,)).to_dict()) == StudyConfig(seeds=(4,))

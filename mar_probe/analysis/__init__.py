@@ -10,12 +10,15 @@ from ._checks import check_values, require
 from .categories import CATEGORIES, category_masks, token_categories
 from .cfg import adjacent_mse, cfg_residual_mse
 from .overlap import topk_overlap_layers, topk_overlap_steps
+from .runs import combine_runs, open_runs, stream_chunks
 from .selection import (CANDIDATES, attention_selector, lazymar_selector, selection_vs_drift, set_overlap,
                         topk_rank)
 from .stability import THRESHOLDS, cosine_stability, drift, step_pairs, summarize_stability
 from .stats import aggregate
+from .summary import format_summary, headlines, run_summary, summary_json
 
 __all__ = ["CANDIDATES", "CATEGORIES", "THRESHOLDS", "adjacent_mse", "aggregate", "attention_selector",
-           "category_masks", "cfg_residual_mse", "check_values", "cosine_stability", "drift", "lazymar_selector",
-           "require", "selection_vs_drift", "set_overlap", "step_pairs", "summarize_stability",
-           "token_categories", "topk_overlap_layers", "topk_overlap_steps", "topk_rank"]
+           "category_masks", "cfg_residual_mse", "check_values", "combine_runs", "cosine_stability", "drift",
+           "format_summary", "headlines", "lazymar_selector", "open_runs", "require", "run_summary",
+           "selection_vs_drift", "set_overlap", "step_pairs", "stream_chunks", "summarize_stability",
+           "summary_json", "token_categories", "topk_overlap_layers", "topk_overlap_steps", "topk_rank"]

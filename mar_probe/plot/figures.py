@@ -26,15 +26,23 @@ def _axes(ax, figsize=(6.4, 4.2)):
 
 
 def _agg_frame(x: xr.DataArray, **kw) -> pd.DataFrame:
-    """Per-sample values -> mean, lo, hi, n over samples as a flat frame."""
+    """Per-sample values -> mean, lo, hi, n over samples as a flat frame (computes ``x`` once)."""
     agg = A.aggregate(x.drop_vars([c for c in x.coords if c not in x.dims]), "sample", **kw)
+    if not agg.dims:
+        return pd.DataFrame([{v: agg[v].item() for v in agg.data_vars}])
     return agg.to_dataframe().reset_index()
 
 
-def _band(ax, df, x, hue, label_fmt="{}", **kw):
-    for key, g in df.groupby(hue, sort=False):
+def _computed(obj):
+    """``obj`` with its dask arrays computed in one pass (several outputs share their reads)."""
+    return obj.compute() if hasattr(obj, "compute") else obj
+
+
+def _band(ax, df, x, **kw):
+    """One line with a shaded CI band per ``series`` of ``df`` (the line's label is the series name)."""
+    for key, g in df.groupby("series", sort=False):
         g = g.sort_values(x)
-        line, = ax.plot(g[x], g["mean"], marker="o", ms=3, label=label_fmt.format(key), **kw)
+        line, = ax.plot(g[x], g["mean"], marker="o", ms=3, label=str(key), **kw)
         ax.fill_between(g[x], g["lo"], g["hi"], color=line.get_color(), alpha=0.2, lw=0)
 
 
@@ -43,25 +51,20 @@ def require_var(ds, *names):
     A.require(ds, *names)
 
 
-def _layer(ds, layer, var="dec_k"):
-    layers = [int(v) for v in ds[var]["layer"].values]
-    return layer if layer in layers else layers[min(1, len(layers) - 1)]
-
-
 # ---- LazyMAR Fig. 1 ------------------------------------------------------------------------------------
 def lazymar_fig1_data(ds: xr.Dataset, var: str = "dec_resid_post", branch: str = "cond") -> pd.DataFrame:
     """Adjacent-step cosine of ``var`` per token category and step (mean over tokens and layers, CI over samples)."""
     A.require(ds, var)
     cos = A.cosine_stability(ds[var].sel(branch=branch, drop=True))
     summ = A.summarize_stability(cos, A.token_categories(ds), dim=("token", "layer"))
-    df = _agg_frame(summ["mean"])
-    return df.assign(var=var).dropna(subset=["mean"])
+    df = _agg_frame(_computed(summ["mean"]))
+    return df.assign(var=var, series=df["category"]).dropna(subset=["mean"])
 
 
 def lazymar_fig1(data: pd.DataFrame, ax=None):
     """LazyMAR Fig. 1: how similar each token category's features are to the previous step."""
     ax = _axes(ax)
-    _band(ax, data, "step", "category")
+    _band(ax, data, "step")
     var = data["var"].iloc[0] if len(data) else "?"
     ax.set(xlabel="decoding step s", ylabel=f"cos({var}[s], {var}[s-1])",
            title="Token redundancy: adjacent-step cosine by token category")
@@ -72,42 +75,76 @@ def lazymar_fig1(data: pd.DataFrame, ax=None):
 
 # ---- LazyMAR Fig. 2 ------------------------------------------------------------------------------------
 def lazymar_fig2_data(ds: xr.Dataset, var: str = "z") -> pd.DataFrame:
-    """Adjacent-step MSE of the cond and uncond outputs and their residual, per step (CI over samples)."""
-    mse = A.cfg_residual_mse(ds, var=var)
+    """Adjacent-step MSE of the cond and uncond outputs and their residual, per step (CI over samples).
+
+    Rows with ``quantity`` cond / uncond / residual (left axis) and ratio_cond = cond / residual (right axis) per
+    step, and one row ``ratio_cond_overall`` (no step): per sample, the step-averaged cond MSE over the
+    step-averaged residual MSE (the figure's title).
+    """
+    mse = _computed(A.cfg_residual_mse(ds, var=var))
     parts = [_agg_frame(mse[q]).assign(quantity=q) for q in ("cond", "uncond", "residual", "ratio_cond")]
-    return pd.concat(parts, ignore_index=True)
+    mean = mse[["cond", "residual"]].mean("step", skipna=True)
+    parts.append(_agg_frame(mean["cond"] / mean["residual"]).assign(quantity="ratio_cond_overall"))
+    df = pd.concat(parts, ignore_index=True)
+    return df.assign(series=df["quantity"], var=var)
 
 
 def lazymar_fig2(data: pd.DataFrame, ax=None):
-    """LazyMAR Fig. 2: the CFG residual changes far less between steps than either branch (log scale)."""
+    """LazyMAR Fig. 2: the CFG residual changes far less between steps than either branch (log scale).
+
+    Left axis: adjacent-step MSE of cond, uncond and residual; right axis (dashed): their ratio cond / residual,
+    with LazyMAR's reported 35.5x dotted.
+    """
     ax = _axes(ax)
-    _band(ax, data[data["quantity"] != "ratio_cond"], "step", "quantity")
-    ratio = data[data["quantity"] == "ratio_cond"]["mean"].mean()
+    _band(ax, data[data["quantity"].isin(["cond", "uncond", "residual"])], "step")
     ax.set_yscale("log")
-    ax.set(xlabel="decoding step s", ylabel="MSE between step s and s-1",
-           title=f"Condition redundancy: residual {ratio:.1f}x more stable than cond (mean over steps)")
-    ax.legend(title="output", fontsize="small")
+    ax.set(xlabel="decoding step s", ylabel="MSE between step s and s-1")
+    right = ax.twinx()
+    right.grid(False)
+    _band(right, data[data["quantity"] == "ratio_cond"], "step", color="0.3", ls="--")
+    right.axhline(35.5, color="0.3", ls=":", lw=1, label="LazyMAR: 35.5x")
+    right.set_yscale("log")
+    right.set_ylabel("ratio cond / residual (dashed)")
+    o = data[data["quantity"] == "ratio_cond_overall"].iloc[0]
+    ax.set_title(f"Condition redundancy: residual {o['mean']:.1f}x [{o['lo']:.1f}, {o['hi']:.1f}] more stable "
+                 "than cond", fontsize="medium")
+    lines = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], title="output", fontsize="small")
+    ax.text(0.01, 0.01, CI_NOTE + "; title: step-averaged ratio, 95% CI", transform=ax.transAxes, fontsize="x-small")
     return ax
 
 
 # ---- MARché Fig. 1, 10, 11 -----------------------------------------------------------------------------
 def cosine_map_data(ds: xr.Dataset, var: str = "dec_k", pairs=((4, 5),), layers=(1,), sample: int | None = None,
-                    branch: str = "cond") -> pd.DataFrame:
-    """Cosine of ``var`` between step pairs (s0, s1) per image token, at ``layers``, for one sample."""
+                    branch: str = "cond", threshold: float = 0.95) -> pd.DataFrame:
+    """Cosine of ``var`` between step pairs (s0, s1) per image token, at ``layers``, for one sample.
+
+    Each row is one token of the map of ``sample`` (default: the first); the columns ``share_mean``,
+    ``share_lo``, ``share_hi``, ``share_n`` hold, for its (pair, layer) panel, the share of image tokens with
+    cosine > ``threshold`` averaged over all samples with its 95% CI (the panel's title).
+    """
     A.require(ds, var)
-    x = ds[var].sel(branch=branch, drop=True).isel(sample=0) if sample is None else ds[var].sel(
-        branch=branch, sample=sample, drop=True)
+    x = ds[var].sel(branch=branch, drop=True) if "branch" in ds[var].dims else ds[var]
     A.check_values(x, "layer", list(layers))
+    if sample is not None:
+        A.check_values(x, "sample", sample)
     frames = []
     for s0, s1 in pairs:
         A.check_values(x, "step", [s0, s1])
         pair = x.sel(step=[s0, s1], layer=list(layers)).assign_coords(step=[0, s1 - s0])
-        cos = A.cosine_stability(pair, lag=s1 - s0).isel(step=0, drop=True).compute()
-        df = cos.rename("cos").to_dataframe().reset_index()
-        frames.append(df.assign(step_from=s0, step_to=s1))
+        cos = _computed(A.cosine_stability(pair, lag=s1 - s0).isel(step=0, drop=True))  # [sample, layer, token]
+        img = cos.sel(token=cos["row"] >= 0)
+        share = _agg_frame((img > threshold).where(img.notnull()).mean("token"))
+        share = share.rename(columns={c: f"share_{c}" for c in ("mean", "lo", "hi", "n")})
+        one = img.isel(sample=0) if sample is None else img.sel(sample=sample)
+        df = one.drop_vars([c for c in one.coords if c not in ("layer", "token", "row", "col")]).rename("cos")
+        df = df.to_dataframe().reset_index().merge(share, on="layer")
+        frames.append(df.assign(step_from=s0, step_to=s1, sample=int(one["sample"])))
     df = pd.concat(frames, ignore_index=True)
-    df = df[df["row"] >= 0][["step_from", "step_to", "layer", "token", "row", "col", "cos"]]
-    return df.assign(var=var).reset_index(drop=True)
+    cols = ["step_from", "step_to", "layer", "sample", "token", "row", "col", "cos", "share_mean", "share_lo",
+            "share_hi", "share_n"]
+    return df[cols].assign(var=var, threshold=threshold).reset_index(drop=True)
 
 
 def _cos_map(ax, g, vmin):
@@ -115,15 +152,21 @@ def _cos_map(ax, g, vmin):
     return ax.imshow(grid, vmin=vmin, vmax=1, cmap="viridis")
 
 
+def _share_text(r) -> str:
+    return (f"cos>{r['threshold']:g}: {r['share_mean']:.0%} [{r['share_lo']:.0%}, {r['share_hi']:.0%}] "
+            f"of {int(r['share_n'])} samples")
+
+
 def marche_fig1(data: pd.DataFrame, ax=None):
     """MARché Fig. 1: K cosine between two steps at one layer on the token grid (bright = unchanged)."""
-    ax = _axes(ax, (4.8, 4.2))
+    ax = _axes(ax, (4.8, 4.6))
     ax.grid(False)
     r = data.iloc[0]
     im = _cos_map(ax, data, min(0.8, float(np.nanmin(data["cos"]))))
     ax.figure.colorbar(im, ax=ax, label="cosine similarity")
-    ax.set(title=f"{r['var']} cosine, step {r['step_from']}->{r['step_to']}, layer {r['layer']}",
-           xlabel="token column", ylabel="token row")
+    ax.set_title(f"{r['var']} cosine, step {r['step_from']}->{r['step_to']}, layer {r['layer']}, sample "
+                 f"{r['sample']}\n{_share_text(r)} (95% CI)", fontsize="small")
+    ax.set(xlabel="token column", ylabel="token row")
     return ax
 
 
@@ -135,7 +178,7 @@ def marche_cos_grid(data: pd.DataFrame, axes=None, title=""):
     if axes is None:
         _axes(None)
         plt.close()
-        _, axes = plt.subplots(len(pairs), len(layers), figsize=(2.2 * len(layers) + 1, 2.2 * len(pairs) + 0.6),
+        _, axes = plt.subplots(len(pairs), len(layers), figsize=(2.4 * len(layers) + 1, 2.5 * len(pairs) + 0.8),
                                squeeze=False, layout="constrained")
     vmin = min(0.8, float(np.nanmin(data["cos"])))
     for i, (s0, s1) in enumerate(pairs):
@@ -143,10 +186,16 @@ def marche_cos_grid(data: pd.DataFrame, axes=None, title=""):
             ax = axes[i][j]
             g = data[(data["step_from"] == s0) & (data["layer"] == layer)]
             im = _cos_map(ax, g, vmin)
-            ax.set(xticks=[], yticks=[], title=f"step {s0}->{s1}, layer {layer}")
+            r = g.iloc[0]
+            ax.set_title(f"step {s0}->{s1}, layer {layer}\n{r['share_mean']:.0%} "
+                         f"[{r['share_lo']:.0%}, {r['share_hi']:.0%}] > {r['threshold']:g}", fontsize="x-small")
+            ax.set(xticks=[], yticks=[])
             ax.grid(False)
     axes[0][0].figure.colorbar(im, ax=axes, label="cosine similarity", shrink=0.8)
-    axes[0][0].figure.suptitle(title, fontsize="medium")
+    r = data.iloc[0]
+    axes[0][0].figure.suptitle(f"{title}\nmaps: sample {r['sample']}\npanel titles: share of tokens with "
+                               f"cosine > {r['threshold']:g},\nmean [95% CI] over {int(r['share_n'])} samples",
+                               fontsize="small")
     return axes
 
 
@@ -161,59 +210,76 @@ def marche_fig11(data: pd.DataFrame, axes=None):
 
 
 # ---- MARché Fig. 12 and selection vs drift -------------------------------------------------------------
+def _default_k(ds) -> int:
+    return max(1, min(64, int((ds["row"] >= 0).sum()) // 4))
+
+
 def marche_fig12_data(ds: xr.Dataset, k: int | None = None, ref_layer: int = 1) -> pd.DataFrame:
-    """Overlap of each layer's top-K attended tokens with ``ref_layer``'s, per step (CI over samples)."""
+    """Overlap of each layer's top-K attended tokens with ``ref_layer``'s, per step (CI over samples).
+
+    ``k`` defaults to 64 (MARché's budget), or a quarter of the image tokens when that is smaller.
+    """
     A.require(ds, "attn_gen")
-    k = k or max(1, min(64, ds.sizes["token"] // 8))
-    ref_layer = _layer(ds, ref_layer, "attn_gen")
-    ov = A.topk_overlap_layers(ds, k=k, ref_layer=ref_layer)
-    return _agg_frame(ov).assign(k=k, ref_layer=ref_layer)
+    k = k or _default_k(ds)
+    ov = _computed(A.topk_overlap_layers(ds, k=k, ref_layer=ref_layer))
+    df = _agg_frame(ov)
+    return df.assign(k=k, ref_layer=ref_layer, series=[f"layer {v}" for v in df["layer"]])
 
 
 def marche_fig12(data: pd.DataFrame, ax=None):
     """MARché Fig. 12: how far each layer's top-K attended tokens agree with the selection layer's."""
     ax = _axes(ax)
-    _band(ax, data, "step", "layer", "layer {}")
+    _band(ax, data, "step")
     k, ref = data["k"].iloc[0], data["ref_layer"].iloc[0]
     ax.set(xlabel="decoding step", ylabel=f"|top-{k}(layer) ∩ top-{k}(layer {ref})| / {k}", ylim=(0, 1.05),
            title=f"Top-{k} attention overlap with layer {ref} (from generating tokens)")
     ax.legend(fontsize="small")
+    ax.text(0.01, 0.01, CI_NOTE + "; layers 0-based (MARché's Layer 2 = layer 1)", transform=ax.transAxes,
+            fontsize="x-small")
     return ax
 
 
-def selection_vs_drift_data(ds: xr.Dataset, var: str = "dec_k", layer: int = 1, lazymar_layer: int = 2,
+def selection_vs_drift_data(ds: xr.Dataset, var: str = "dec_k", layer: int = 1, lazymar_layer: int | None = None,
                             k=None) -> pd.DataFrame:
-    """Precision of attention-selected (and LazyMAR V-cosine-selected) tokens against top-K drift of ``var``."""
+    """Precision of attention-selected (and LazyMAR V-cosine-selected) tokens against the top-K drift of ``var``.
+
+    The drifting set at each later layer is the top-K candidate tokens (:data:`~mar_probe.analysis.CANDIDATES`)
+    by ``1 - cos`` of ``var`` to the previous step, so precision = recall = overlap / K (and the Jaccard index,
+    p / (2 - p), adds nothing). Per sample the precision is averaged over steps, then a CI over samples is
+    taken. ``lazymar_layer`` defaults to ``layer`` (LazyMAR prunes at index 3 of MAR-B's 12 decoder layers, a
+    quarter of the depth); the random baseline is K / N with N the candidates of each step.
+    """
     A.require(ds, var, "attn_gen")
     n_img = int((ds["row"] >= 0).sum())
     k = k or sorted({max(1, n_img * f // 64) for f in (2, 4, 8, 16, 32)})
-    layer = _layer(ds, layer, "attn_gen")
     actual = A.drift(ds[var].sel(branch="cond", drop=True))
-    later = actual.sel(layer=actual["layer"] >= min(layer + 1, int(actual["layer"].max())))
+    A.check_values(actual, "layer", layer)
+    later = actual.sel(layer=actual["layer"] > layer)
+    if later.sizes["layer"] == 0:
+        raise ValueError(f"no {var} layer after the selection layer {layer!r}; the store has layer "
+                         f"{actual['layer'].values.tolist()!r}")
     cats = A.token_categories(ds)
-    frames = [_sel_frame(A.attention_selector(ds, layer), later, cats, k, f"attention@layer {layer}")]
+    selectors = {f"attention@layer {layer}": A.attention_selector(ds, layer)}
     if "dec_v" in ds.data_vars:
-        lz = _layer(ds, lazymar_layer, "dec_v")
-        frames.append(_sel_frame(A.lazymar_selector(ds, lz), later, cats, k, f"LazyMAR V-cos@layer {lz}"))
-    return pd.concat(frames, ignore_index=True).assign(var=var)
-
-
-def _sel_frame(selector, actual, cats, k, name) -> pd.DataFrame:
-    out = A.selection_vs_drift(selector, actual, cats, k=k)
-    per_sample = out[["precision", "jaccard", "random_precision"]].mean("step")
-    frames = [_agg_frame(per_sample[m]).assign(metric=m) for m in per_sample.data_vars]
-    return pd.concat(frames, ignore_index=True).assign(selector=name)
+        lz = layer if lazymar_layer is None else lazymar_layer
+        selectors[f"LazyMAR V-cos@layer {lz}"] = A.lazymar_selector(ds, lz)
+    out = {name: A.selection_vs_drift(sel, later, cats, k=k)[["precision", "random_precision"]].mean("step")
+           for name, sel in selectors.items()}
+    out = _computed(xr.concat(list(out.values()), dim=pd.Index(list(out), name="selector")))
+    df = _agg_frame(out["precision"])
+    df["series"] = df["selector"] + " vs drift@layer " + df["layer"].astype(str)
+    rnd = _agg_frame(out["random_precision"].isel(selector=0, layer=0, drop=True))
+    rnd = rnd.assign(selector="random", layer=np.nan, series="random (K/N)")
+    return pd.concat([df, rnd], ignore_index=True).assign(var=var, metric="precision")
 
 
 def selection_vs_drift(data: pd.DataFrame, ax=None):
     """Does the refresh selection find the tokens whose K/V drift? Precision (= recall) vs K, with chance."""
     ax = _axes(ax)
-    prec = data[data["metric"] == "precision"].copy()
-    prec["series"] = prec["selector"] + " vs drift@layer " + prec["layer"].astype(str)
-    _band(ax, prec, "k", "series")
-    rnd = data[(data["metric"] == "random_precision")].groupby("k")["mean"].mean()
-    ax.plot(rnd.index, rnd.values, "k--", label="random (K/N)")
+    _band(ax, data[data["selector"] != "random"], "k")
+    _band(ax, data[data["selector"] == "random"], "k", color="k", ls="--")
     ax.set(xlabel="K (refresh budget)", ylabel=f"precision = recall vs top-K drift of {data['var'].iloc[0]}",
            ylim=(0, 1.05), title="Selected tokens vs tokens that actually drift")
     ax.legend(fontsize="x-small")
+    ax.text(0.01, 0.01, CI_NOTE + "; layers 0-based", transform=ax.transAxes, fontsize="x-small")
     return ax

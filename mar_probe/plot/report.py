@@ -33,26 +33,45 @@ def _layers(ds: xr.Dataset, var: str, n: int = 4) -> list[int]:
 def _fig1_data(ds):
     F.require_var(ds, "dec_k")
     pairs = _pairs(ds, 99)
+    if not pairs:
+        raise ValueError(f"no two adjacent steps in the store; it has step {ds['step'].values.tolist()!r}")
     pair = (4, 5) if (4, 5) in pairs else pairs[len(pairs) // 2]
-    return F.cosine_map_data(ds, "dec_k", [pair], [F._layer(ds, 1)])
+    return F.cosine_map_data(ds, "dec_k", [pair], [1])
 
 
 FIGURES = {
     "lazymar_fig1": FigureSpec(F.lazymar_fig1_data, F.lazymar_fig1,
-                               "Adjacent-step cosine of decoder hidden states per token category (LazyMAR Fig. 1)."),
+                               "Adjacent-step cosine of the decoder's hidden states per token category, mean over "
+                               "layers, 95% CI over samples (LazyMAR Fig. 1)."),
     "lazymar_fig2": FigureSpec(F.lazymar_fig2_data, F.lazymar_fig2,
-                               "Adjacent-step MSE of cond, uncond and CFG residual, log scale (LazyMAR Fig. 2)."),
+                               "Adjacent-step MSE of the cond and uncond outputs and their CFG residual (log), and "
+                               "their ratio, 95% CI over samples (LazyMAR Fig. 2)."),
     "marche_fig1": FigureSpec(_fig1_data, F.marche_fig1,
-                              "K cosine between two adjacent steps at MARché's layer on the token grid (Fig. 1)."),
+                              "K cosine between two adjacent steps at layer 1 (MARché's Layer 2) on the token grid "
+                              "of one sample, with the share above 0.95 over all samples (MARché Fig. 1)."),
     "marche_fig10": FigureSpec(lambda ds: F.cosine_map_data(ds, "dec_k", _pairs(ds), _layers(ds, "dec_k")),
-                               F.marche_fig10, "K cosine maps over step pairs and layers (MARché Fig. 10)."),
+                               F.marche_fig10, "K cosine maps over step pairs and layers, with the share above "
+                               "0.95 over all samples (MARché Fig. 10)."),
     "marche_fig11": FigureSpec(lambda ds: F.cosine_map_data(ds, "dec_v", _pairs(ds), _layers(ds, "dec_v")),
-                               F.marche_fig11, "V cosine maps over step pairs and layers (MARché Fig. 11)."),
+                               F.marche_fig11, "V cosine maps over step pairs and layers, with the share above "
+                               "0.95 over all samples (MARché Fig. 11)."),
     "marche_fig12": FigureSpec(F.marche_fig12_data, F.marche_fig12,
-                               "Top-K attention overlap of each layer with the selection layer (MARché Fig. 12)."),
+                               "Top-K attention overlap of each layer with the selection layer per step, 95% CI "
+                               "over samples (MARché Fig. 12)."),
     "selection_vs_drift": FigureSpec(F.selection_vs_drift_data, F.selection_vs_drift,
-                                     "Precision of attention / LazyMAR selection against actual top-K K drift."),
+                                     "Precision (= recall) of attention and LazyMAR V-cosine selection against the "
+                                     "top-K K-drifting tokens vs K, with chance K/N (the review's open question)."),
 }
+
+
+def _check_formats(formats) -> list[str]:
+    from matplotlib.figure import Figure
+    formats = [f.strip().lower() for f in formats if f.strip()]
+    valid = sorted(Figure().canvas.get_supported_filetypes())
+    bad = [f for f in formats if f not in valid]
+    if bad or not formats:
+        raise ValueError(f"unknown image format(s) {bad or formats!r}; expected some of {valid!r}")
+    return formats
 
 
 def _save(fig_name: str, spec: FigureSpec, ds, out: Path, formats) -> list[Path]:
@@ -70,8 +89,8 @@ def _save(fig_name: str, spec: FigureSpec, ds, out: Path, formats) -> list[Path]
     return paths + [csv]
 
 
-def write_figures(ds: xr.Dataset, out, only=None, formats=("png",)) -> tuple[dict, dict]:
-    """Write each figure as images plus ``NAME.csv`` and an ``index.md`` with captions.
+def write_figures(ds: xr.Dataset, out, only=None, formats=("png",), progress: bool = False) -> tuple[dict, dict]:
+    """Write each figure as images plus ``NAME.csv`` (its plotted values) and ``index.md``/``index.html``.
 
     Parameters
     ----------
@@ -83,6 +102,8 @@ def write_figures(ds: xr.Dataset, out, only=None, formats=("png",)) -> tuple[dic
         Figure names to write (default: all of :data:`FIGURES`).
     formats : sequence of str
         Image formats (``png``, ``pdf``, ``svg``).
+    progress : bool
+        Show a progress bar over the figures.
 
     Returns
     -------
@@ -95,10 +116,12 @@ def write_figures(ds: xr.Dataset, out, only=None, formats=("png",)) -> tuple[dic
     bad = [n for n in names if n not in FIGURES]
     if bad:
         raise ValueError(f"unknown figure(s) {bad!r}; expected some of {list(FIGURES)!r}")
+    formats = _check_formats(formats)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written, skipped = {}, {}
-    for name in names:
+    from tqdm.auto import tqdm
+    for name in tqdm(names, desc="figures", unit="fig", disable=not progress):
         try:
             written[name] = _save(name, FIGURES[name], ds, out, formats)
         except (KeyError, ValueError) as exc:
@@ -108,10 +131,19 @@ def write_figures(ds: xr.Dataset, out, only=None, formats=("png",)) -> tuple[dic
 
 
 def _index(out: Path, written: dict, skipped: dict, fmt: str) -> None:
+    """``index.md`` and ``index.html``: every figure with its one-line caption and a link to its values."""
+    import html
     lines = ["# mar-probe figures", ""]
-    for name, _ in written.items():
-        lines += [f"## {name}", "", FIGURES[name].caption, "", f"![{name}]({name}.{fmt})",
-                  f"([values]({name}.csv))", ""]
+    body = ["<!doctype html><meta charset='utf-8'><title>mar-probe figures</title>",
+            "<style>body{font-family:sans-serif;max-width:60em;margin:auto}img{max-width:100%}</style>",
+            "<h1>mar-probe figures</h1>"]
+    for name in written:
+        cap = FIGURES[name].caption
+        lines += [f"## {name}", "", cap, "", f"![{name}]({name}.{fmt})", f"([values]({name}.csv))", ""]
+        body += [f"<h2>{name}</h2>", f"<p>{html.escape(cap)} (<a href='{name}.csv'>values</a>)</p>",
+                 f"<img src='{name}.{fmt}' alt='{name}'>"]
     for name, why in skipped.items():
         lines += [f"## {name} (skipped)", "", why, ""]
+        body += [f"<h2>{name} (skipped)</h2>", f"<p>{html.escape(why)}</p>"]
     (out / "index.md").write_text("\n".join(lines))
+    (out / "index.html").write_text("\n".join(body) + "\n")

@@ -1,0 +1,277 @@
+"""One table of a run's redundancy measurements, each with its confidence interval over samples.
+
+:func:`run_summary` computes, in one streaming pass over the store, the numbers behind the papers' claims:
+
+* ``stability``: share of tokens whose K / V / hidden state has cosine > ``threshold`` to the previous step, per
+  layer and token category, and the mean cosine per category (LazyMAR Fig. 1: does t-1 drift most?);
+* ``cfg``: adjacent-step MSE of the conditional and unconditional outputs and their residual, and the ratios
+  (LazyMAR Fig. 2 reports the residual about 35.5x more stable);
+* ``selection``: how well the attention of the generating tokens at ``layer`` (MARché) and LazyMAR's V-cosine
+  criterion find the tokens whose K drifts at each later layer, against chance;
+* ``overlap``: top-K attention overlap of each layer with ``layer`` (MARché reports 66.8% for its Layer 2).
+
+Every value is first reduced per sample (pooled over steps and tokens), then averaged over samples with a
+t-interval (:func:`~mar_probe.analysis.aggregate`); seeds are a coordinate of ``sample``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from ._checks import check_values, require
+from .categories import CATEGORIES, token_categories
+from .cfg import cfg_residual_mse
+from .overlap import topk_overlap_layers
+from .selection import attention_selector, lazymar_selector, selection_vs_drift
+from .stability import cosine_stability, drift, summarize_stability
+from .stats import aggregate
+
+STABILITY_VARS = ("dec_k", "dec_v", "dec_resid_post")
+COLUMNS = ("section", "quantity", "var", "layer", "category", "selector", "k", "mean", "lo", "hi", "n")
+REPORTED_CATEGORIES = ("t", "t-1", "<t-1", ">t", "buffer")
+
+
+def _cond(x: xr.DataArray, branch: str = "cond") -> xr.DataArray:
+    check_values(x, "branch", branch)
+    return x.sel(branch=branch, drop=True)
+
+
+def _stability_parts(ds, cats, threshold: float, variables) -> dict:
+    parts = {}
+    for v in variables:
+        cos = cosine_stability(_cond(ds[v]))
+        by_layer = summarize_stability(cos, cats, dim=("token", "step"), thresholds=(threshold,),
+                                       names=REPORTED_CATEGORIES)
+        pooled = summarize_stability(cos, cats, dim=("token", "step", "layer"), thresholds=(threshold,),
+                                     names=REPORTED_CATEGORIES)
+        parts[("stability", f"share_cos>{threshold:g}", v, None)] = by_layer["share"].squeeze("threshold", drop=True)
+        parts[("stability", "mean_cos", v, None)] = pooled["mean"]
+        gap = pooled["mean"] - pooled["mean"].sel(category="t-1", drop=True)
+        parts[("stability", "mean_cos_minus_t-1", v, None)] = gap.sel(category=gap["category"] != "t-1")
+    return parts
+
+
+def _cfg_parts(ds) -> dict:
+    mse = cfg_residual_mse(ds).mean("step", skipna=True)
+    out = {("cfg", f"mse_{q}", "z", None): mse[q] for q in ("cond", "uncond", "residual")}
+    out[("cfg", "ratio_cond/residual", "z", None)] = mse["cond"] / mse["residual"]
+    out[("cfg", "ratio_uncond/residual", "z", None)] = mse["uncond"] / mse["residual"]
+    return out
+
+
+def _selectors(ds, layer: int, lazymar_layer: int | None) -> dict:
+    sels = {f"attention@layer{layer}": attention_selector(ds, layer)}
+    if "dec_v" in ds.data_vars:
+        lz = layer if lazymar_layer is None else lazymar_layer
+        sels[f"lazymar_vcos@layer{lz}"] = lazymar_selector(ds, lz)
+    return sels
+
+
+def _selection_parts(ds, cats, layer: int, lazymar_layer, k: int, threshold: float, var: str) -> dict:
+    actual = drift(_cond(ds[var]))
+    check_values(actual, "layer", layer)
+    later = actual.sel(layer=actual["layer"] > layer)
+    if later.sizes["layer"] == 0:
+        raise ValueError(f"no {var} layer after the selection layer {layer!r}; the store has layer "
+                         f"{actual['layer'].values.tolist()!r}")
+    parts = {}
+    for name, sel in _selectors(ds, layer, lazymar_layer).items():
+        top = selection_vs_drift(sel, later, cats, k=[k]).squeeze("k", drop=True).mean("step", skipna=True)
+        thr = selection_vs_drift(sel, later, cats, k=[k], threshold=1 - threshold).squeeze("k", drop=True)
+        thr = thr.mean("step", skipna=True)
+        parts[("selection", "precision_topk_drift", var, name)] = top["precision"]
+        parts[("selection", f"precision_cos<{threshold:g}", var, name)] = thr["precision"]
+        parts[("selection", f"recall_cos<{threshold:g}", var, name)] = thr["recall"]
+    parts[("selection", "precision_topk_drift", var, "random")] = top["random_precision"]
+    parts[("selection", f"precision_cos<{threshold:g}", var, "random")] = thr["random_precision"]
+    parts[("selection", f"recall_cos<{threshold:g}", var, "random")] = thr["random_recall"]
+    return parts
+
+
+def _overlap_parts(ds, layer: int, k: int) -> dict:
+    ov = topk_overlap_layers(ds, k=k, ref_layer=layer).mean("step", skipna=True)
+    return {("overlap", f"topk_overlap_with_layer{layer}", "attn_gen", None): ov.sel(layer=ov["layer"] != layer)}
+
+
+def _sections(ds, *, layer, lazymar_layer, k, threshold, variables, var) -> tuple[dict, dict]:
+    """Lazy per-sample parts of every section that the store allows; skipped sections with the reason."""
+    cats = token_categories(ds)
+    builders = {
+        "stability": lambda: _stability_parts(ds, cats, threshold, _present(ds, variables)),
+        "cfg": lambda: _cfg_parts(ds),
+        "selection": lambda: _selection_parts(ds, cats, layer, lazymar_layer, k, threshold, var),
+        "overlap": lambda: _overlap_parts(ds, layer, k),
+    }
+    parts, skipped = {}, {}
+    for name, build in builders.items():
+        try:
+            parts.update(build())
+        except (KeyError, ValueError) as exc:
+            skipped[name] = str(exc.args[0] if isinstance(exc, KeyError) else exc)
+    return parts, skipped
+
+
+def _present(ds, variables) -> list[str]:
+    found = [v for v in variables if v in ds.data_vars]
+    if not found:
+        require(ds, variables[0])
+    return found
+
+
+def _rows(key, agg: xr.Dataset) -> pd.DataFrame:
+    section, quantity, var, selector = key
+    agg = agg.drop_vars([c for c in agg.coords if c not in agg.dims])
+    df = agg.to_dataframe().reset_index() if agg.dims else pd.DataFrame([{v: agg[v].item() for v in agg}])
+    df = df.assign(section=section, quantity=quantity, var=var, selector=selector)
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = None
+    return df[list(COLUMNS)]
+
+
+def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = None, k: int = 64,
+                threshold: float = 0.95, level: float = 0.95, variables=STABILITY_VARS, var: str = "dec_k",
+                scheduler: str = "threads") -> tuple[pd.DataFrame, dict]:
+    """The redundancy measurements of a run as one tidy table with confidence intervals over samples.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        A run (:func:`mar_probe.store.open_run`) or several (:func:`combine_runs`).
+    layer : int
+        Selection layer, 0-based (MARché's "Layer 2" is 1); drift is measured at every later layer.
+    lazymar_layer : int, optional
+        Layer of LazyMAR's V-cosine criterion (default: ``layer``. LazyMAR prunes at index 3 of MAR-B's 12
+        decoder layers, a quarter of the depth, which is index 1 of a 4-layer decoder).
+    k : int
+        Refresh budget K of the selection and overlap measurements.
+    threshold : float
+        Cosine threshold: share of tokens above it; tokens below it count as drifting in the selection section.
+    level : float
+        Confidence level of the t-intervals.
+    variables : sequence of str
+        Variables of the stability section (those present are used).
+    var : str
+        The variable whose drift the selection section predicts (``dec_k`` or ``dec_v``).
+    scheduler : str
+        dask scheduler of the single compute.
+
+    Returns
+    -------
+    (pandas.DataFrame, dict)
+        Rows with columns :data:`COLUMNS`; sections that the store cannot support -> the reason (which
+        ``mar-probe record`` flags would capture what they need).
+    """
+    import dask
+    parts, skipped = _sections(ds, layer=layer, lazymar_layer=lazymar_layer, k=k, threshold=threshold,
+                               variables=variables, var=var)
+    keys = list(parts)
+    with dask.config.set(scheduler=scheduler):
+        values = dask.compute(*[parts[key] for key in keys])
+    frames = [_rows(key, aggregate(v, "sample", level=level)) for key, v in zip(keys, values)]
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
+    table.attrs.update(level=level, layer=layer, k=k, threshold=threshold, samples=int(ds.sizes["sample"]))
+    return table, skipped
+
+
+def _ci(row, fmt: str = ".3f") -> str:
+    if row is None or not np.isfinite(row["mean"]):
+        return "n/a"
+    lo, hi = row["lo"], row["hi"]
+    ci = f" [{lo:{fmt}}, {hi:{fmt}}]" if np.isfinite(lo) and np.isfinite(hi) else " [n/a: one sample]"
+    return f"{row['mean']:{fmt}}{ci}"
+
+
+def _pick(table: pd.DataFrame, **match) -> pd.DataFrame:
+    sel = np.ones(len(table), bool)
+    for col, val in match.items():
+        sel &= (table[col] == val).to_numpy()
+    return table[sel]
+
+
+def _one(table, **match):
+    rows = _pick(table, **match)
+    return rows.iloc[0] if len(rows) else None
+
+
+def _headline_drift(table) -> list[str]:
+    for var in ("dec_resid_post", "dec_v", "dec_k"):
+        gaps = _pick(table, quantity="mean_cos_minus_t-1", var=var)
+        if len(gaps):
+            break
+    else:
+        return []
+    t1 = _one(table, quantity="mean_cos", var=var, category="t-1")
+    closest = gaps.loc[gaps["mean"].idxmin()] if gaps["mean"].notna().any() else None
+    if closest is None:
+        return []
+    verdict = "yes" if (gaps["lo"] > 0).all() else ("no" if (gaps["hi"] < 0).any() else "not resolved")
+    return [f"t-1 drifts most ({var}, adjacent-step cosine): {verdict}. mean cos t-1 = {_ci(t1)}; closest category "
+            f"{closest['category']!r} is higher by {_ci(closest)}"]
+
+
+def _headline_cfg(table) -> list[str]:
+    r = _one(table, quantity="ratio_cond/residual")
+    u = _one(table, quantity="ratio_uncond/residual")
+    if r is None:
+        return []
+    return [f"CFG residual: adjacent-step MSE cond/residual = {_ci(r, '.2f')}x, uncond/residual = {_ci(u, '.2f')}x "
+            "(LazyMAR reports ~35.5x)"]
+
+
+def _headline_selection(table, k, threshold) -> list[str]:
+    out = []
+    for quantity, what in (("precision_topk_drift", f"precision = recall vs the top-{k} drifting tokens"),
+                           (f"recall_cos<{threshold:g}", f"recall of tokens with cos < {threshold:g}")):
+        rows = _pick(table, section="selection", quantity=quantity)
+        for layer in sorted(rows["layer"].dropna().unique()):
+            at = rows[rows["layer"] == layer]
+            parts = [f"{r['selector']} {_ci(r)}" for _, r in at.iterrows()]
+            out.append(f"selection K={k}, {what} at layer {int(layer)}: " + "; ".join(parts))
+    return out
+
+
+def headlines(table: pd.DataFrame) -> list[str]:
+    """One line per claim of the papers, read off a :func:`run_summary` table."""
+    k, threshold = table.attrs.get("k", 64), table.attrs.get("threshold", 0.95)
+    return _headline_drift(table) + _headline_cfg(table) + _headline_selection(table, k, threshold)
+
+
+def _pivot_text(rows: pd.DataFrame, index: str, columns: str, fmt: str = ".3f") -> str:
+    cells = rows.assign(cell=[_ci(r, fmt) for _, r in rows.iterrows()])
+    grid = cells.pivot(index=index, columns=columns, values="cell")
+    order = [c for c in list(REPORTED_CATEGORIES) + sorted(map(str, grid.columns)) if c in grid.columns]
+    grid = grid[list(dict.fromkeys(order))]
+    return grid.to_string()
+
+
+def format_summary(table: pd.DataFrame, skipped: dict | None = None) -> str:
+    """The summary as text: headlines, then one block per section (mean [lo, hi] over samples)."""
+    level = table.attrs.get("level", 0.95)
+    lines = [f"mar-probe analyze: {table.attrs.get('samples', '?')} samples; mean [{level:.0%} t-interval] "
+             "over samples", ""] + [f"* {h}" for h in headlines(table)] + [""]
+    for (quantity, var), rows in table[table["section"] == "stability"].groupby(["quantity", "var"], sort=False):
+        index = "layer" if rows["layer"].notna().any() else "quantity"
+        lines += [f"[stability] {quantity} of {var} (cond branch), per layer and token category",
+                  _pivot_text(rows, index, "category"), ""]
+    for section in ("cfg", "selection", "overlap"):
+        rows = table[table["section"] == section]
+        if len(rows):
+            lines += [f"[{section}]"] + [_row_text(r) for _, r in rows.iterrows()] + [""]
+    for name, why in (skipped or {}).items():
+        lines += [f"[{name}] skipped: {why}"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _row_text(r) -> str:
+    where = " ".join(f"{c}={r[c] if c != 'layer' else int(r[c])}" for c in ("selector", "layer")
+                     if r[c] is not None and r[c] == r[c])
+    fmt = ".3g" if r["quantity"].startswith("mse") else ".3f"
+    return f"  {r['quantity']:<28s} {where:<34s} {_ci(r, fmt)}  (n={int(r['n'])})"
+
+
+def summary_json(table: pd.DataFrame, skipped: dict | None = None) -> dict:
+    """The summary as a JSON-able dict: settings, headlines, rows and skipped sections."""
+    rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
+    return {"settings": dict(table.attrs), "headlines": headlines(table), "rows": rows, "skipped": skipped or {}}
