@@ -25,3 +25,22 @@ def trained_like_tiny(tiny_model):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def perturbed_tiny(seed: int = 1, scale: float = 0.05, **overrides):
+    """mar_tiny (with config overrides) whose parameters get seeded noise: the zero-initialised head and AdaLN
+    layers of a fresh model would make every strategy's tokens constant and every comparison trivially exact."""
+    from mar_probe import create_model
+    torch.manual_seed(0)
+    model = create_model("mar_tiny", **overrides).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+@pytest.fixture(scope="session")
+def deep_tiny():
+    """mar_tiny with enough layers for every cache (encoder 4, decoder 5, head 5) and non-trivial weights."""
+    return perturbed_tiny(encoder_depth=4, decoder_depth=5, diffloss_d=5)

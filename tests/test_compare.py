@@ -3,7 +3,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import mar_probe
 from mar_probe import cli
@@ -53,13 +52,8 @@ def test_summarize_t_interval():
 # ---- compare -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    model = mar_probe.create_model("mar_tiny", encoder_depth=3, decoder_depth=4, num_sampling_steps="4").eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model
+    from conftest import perturbed_tiny
+    return perturbed_tiny(encoder_depth=3, decoder_depth=4, num_sampling_steps="4")
 
 
 @pytest.fixture(scope="module")

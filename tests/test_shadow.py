@@ -13,18 +13,6 @@ LABELS = [1, 7]
 ERRORS = ("enc_kv_err", "dec_kv_err", "enc_resid_err", "dec_resid_err", "z_err")
 
 
-@pytest.fixture(scope="module")
-def deep_tiny():
-    """mar_tiny with encoder 4, decoder 5, head 5 blocks and non-trivial weights (as in test_strategies)."""
-    torch.manual_seed(0)
-    model = mar_probe.create_model("mar_tiny", encoder_depth=4, decoder_depth=5, diffloss_d=5).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model
-
-
 def _shadow(model, strategy, **kw):
     kw = dict(dict(num_iter=NUM_ITER, cfg=3.0, seed=3), **kw)
     return sample_with_shadow(model, LABELS, strategy=strategy, **kw)
