@@ -1,24 +1,32 @@
-"""Recording throughput and overhead of ``mar_probe.record``.
+"""Recording throughput and overhead of ``mar_probe.record``, each measured side by side in one run.
 
-Measures, on one disk and in one run:
+Per model (the embedded default, and the ``mar_base`` architecture with random weights):
 
-* the raw sequential write speed of the disk holding ``--scratch`` (``--raw-mib`` MiB in 16 MiB blocks, fsync);
-* a full capture (every activation variable, every layer and step): logical throughput = uncompressed bytes
-  recorded per second (the store is synced before the clock stops), as a fraction of the raw speed (goal >= 50%);
-* the overhead of a light selection (K/V of two decoder layers, the CFG residual and the selection scores):
-  time(record) / time(sampling without recording) over the same samples and batches (goal <= 1.1x);
-* bytes per sample per variable, uncompressed and on disk, and the compression ratio;
-* the same for the ``mar_base`` architecture with random weights and one sample (``--base-samples``).
+* **raw disk**: the sequential write speed of the disk holding ``--scratch`` (``--raw-mib`` MiB in 16 MiB blocks,
+  fsync), measured right before and right after the full capture;
+* **full capture** (every activation variable of ``ACTIVATIONS``, every layer and step, float16): logical
+  throughput = uncompressed bytes recorded per second, the store synced to disk before the clock stops, as a fraction
+  of the raw speed (goal >= 50%). Beside it, to say what bounds it, the same samples with the probe capturing into
+  nothing (``capture_only``: sampling + hooks + assembling the arrays, no writer) and the CPU seconds of both;
+* **light overhead**: time(record) / time(sampling without recording) for K/V of two decoder layers, the CFG residual
+  and the selection scores (goal <= 1.1x). Plain and recorded runs alternate in ``--rounds`` rounds (ABBA order,
+  so a drifting machine load hits both alike); each round gives a ratio, reported with their median and spread;
+* **bytes per sample per variable**, uncompressed and on disk, and the compression ratio of the full capture.
 
-    python benchmarks/bench_record.py                       # embedded default + mar_base, results/record_*.json
-    python benchmarks/bench_record.py --tiny                # smoke run: mar_tiny, a few steps (seconds)
-    python benchmarks/bench_record.py --device cuda --batch-size 16 --num-samples 64
+The load average before and after each model is stored beside the numbers: on a shared machine, wall-clock ratios
+are only as good as the neighbours' load is steady.
+
+    python benchmarks/bench_record.py                                  # both models -> results/record.json
+    python benchmarks/bench_record.py --models default                 # the embedded default only
+    python benchmarks/bench_record.py --models mar_base --base-sampling-steps 10
+    python benchmarks/bench_record.py --tiny                           # smoke run: mar_tiny, a few steps
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -28,12 +36,12 @@ import torch
 from common import write_result
 from mar_probe import create_model, load_model, sample
 from mar_probe.models.checkpoints import DEFAULT_CHECKPOINT
-from mar_probe.probe import ACTIVATIONS, SelectionSpec, record
+from mar_probe.probe import ACTIVATIONS, Probe, SelectionSpec, record
 from mar_probe.probe.record import sample_seeds
 
 
 def raw_write_speed(folder: Path, mib: int) -> float:
-    """Sequential write speed of the disk under ``folder`` in bytes/s (written with fsync)."""
+    """Sequential write speed of the disk under ``folder`` in bytes/s (16 MiB blocks, then fsync)."""
     path, block = folder / "raw_write.bin", os.urandom(16 << 20)
     t0 = time.perf_counter()
     with open(path, "wb", buffering=0) as f:
@@ -47,37 +55,55 @@ def raw_write_speed(folder: Path, mib: int) -> float:
 
 
 def du(path: Path) -> int:
-    """Bytes on disk of the files under ``path``."""
+    """Bytes of the files under ``path``."""
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def timed_record(model, labels, out: Path, spec, args) -> tuple[float, object]:
-    """Record into ``out`` (replacing it) and return (seconds including a final sync, RecordResult)."""
+def clocked(fn) -> tuple[float, float, object]:
+    """(wall seconds, CPU seconds of the process, result) of ``fn()``."""
+    w, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - w, time.process_time() - c, out
+
+
+def run_record(model, labels, out: Path, spec, args):
+    """Record into ``out`` (replacing it) and sync the disk; the RecordResult."""
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
-    res = record(model, labels, out, spec, seed=0, num_iter=args.num_iter, cfg=args.cfg, batch_size=args.batch_size)
+    res = record(model, labels, out, spec, seed=0, num_iter=args.num_iter, cfg=args.cfg, batch_size=args.batch_size,
+                 writer_threads=args.writer_threads)
     os.sync()
-    return time.perf_counter() - t0, res
+    return res
 
 
-def timed_plain(model, labels, args) -> float:
-    """Sampling without recording, in the same units of ``batch_size`` samples with the same seeds."""
+def run_plain(model, labels, args, observers=()):
+    """Sampling without recording, in the units of ``batch_size`` samples and with the seeds ``record`` uses."""
     seeds = sample_seeds(0, len(labels))
-    t0 = time.perf_counter()
     for k in range(0, len(labels), args.batch_size):
-        sample(model, labels[k:k + args.batch_size], num_iter=args.num_iter, cfg=args.cfg, seed=int(seeds[k]))
+        sample(model, labels[k:k + args.batch_size], num_iter=args.num_iter, cfg=args.cfg, seed=int(seeds[k]),
+               observers=observers)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter() - t0
 
 
-def per_variable(out: Path, res, num_samples: int) -> dict:
+def run_capture_only(model, labels, spec, args):
+    """Sampling with the probe attached, its records dropped (sampling + hooks + array assembly, no writer)."""
+    probe = Probe.for_run(model, spec, num_samples=len(labels), num_iter=args.num_iter, cfg=args.cfg,
+                          sink=lambda rec: None)
+    seeds = sample_seeds(0, len(labels))
+    with probe.attached():
+        for k in range(0, len(labels), args.batch_size):
+            probe.begin_batch(range(k, min(k + args.batch_size, len(labels))))
+            sample(model, labels[k:k + args.batch_size], num_iter=args.num_iter, cfg=args.cfg, seed=int(seeds[k]),
+                   observers=[probe])
+
+
+def per_variable(out: Path, num_samples: int) -> dict:
     """Bytes per sample per variable: uncompressed, on disk, and their ratio."""
     import zarr
     root = zarr.open_group(str(out), mode="r")
     table = {}
     for name, arr in root.arrays():
-        if "sample" not in (arr.metadata.dimension_names or ()):
+        if "sample" not in (arr.metadata.dimension_names or ()) or name == "sample":
             continue
         raw = int(np.prod(arr.shape)) * arr.dtype.itemsize / num_samples
         disk = du(out / name) / num_samples
@@ -85,68 +111,131 @@ def per_variable(out: Path, res, num_samples: int) -> dict:
     return table
 
 
-def measure(model, name: str, num_samples: int, args, scratch: Path, raw_bps: float) -> dict:
-    """All measurements of one model."""
-    labels = np.arange(num_samples) % model.num_classes
-    full = SelectionSpec(variables=ACTIVATIONS)
+def full_capture(model, name, labels, args, scratch: Path) -> dict:
+    """Full capture vs raw disk speed (before and after), plus capture-only time and the per-variable table."""
+    spec = SelectionSpec(variables=ACTIVATIONS)
+    out = scratch / f"{name}_full.zarr"
+    raw_before = raw_write_speed(scratch, args.raw_mib)
+    wall, cpu, res = clocked(lambda: run_record(model, labels, out, spec, args))
+    raw_after = raw_write_speed(scratch, args.raw_mib)
+    cap_wall, cap_cpu, _ = clocked(lambda: run_capture_only(model, labels, spec, args))
+    disk = du(out)
+    table = per_variable(out, len(labels))
+    shutil.rmtree(out, ignore_errors=True)
+    raw = (raw_before + raw_after) / 2
+    logical = res.bytes_logical / wall
+    return {"samples": len(labels), "seconds": wall, "cpu_seconds": cpu, "bytes_logical": res.bytes_logical,
+            "bytes_on_disk": disk, "compression_ratio": res.bytes_logical / max(disk, 1),
+            "logical_bytes_per_s": logical, "raw_write_bytes_per_s": {"before": raw_before, "after": raw_after},
+            "fraction_of_raw_disk": logical / raw, "goal_fraction_of_raw_disk": 0.5,
+            "disk_bytes_per_s": disk / wall, "writer_wait_s": res.writer_wait_s,
+            "capture_only_seconds": cap_wall, "capture_only_cpu_seconds": cap_cpu,
+            "capture_only_logical_bytes_per_s": res.bytes_logical / cap_wall,
+            "record_vs_capture_only": wall / cap_wall, "per_variable": table}
+
+
+def light_overhead(model, name, labels, args, scratch: Path) -> dict:
+    """time(record, light selection) / time(plain sampling), alternating ABBA over ``args.rounds`` rounds."""
     last = len(model.decoder_blocks) - 1
-    light = SelectionSpec(variables=("dec_k", "dec_v", "z_cfg_resid", "attn_gen"), layers=tuple(sorted({min(1, last), min(2, last)})))
-    timed_plain(model, labels[:1], args)                                   # warm-up
-    t_full, res_full = timed_record(model, labels, scratch / f"{name}_full.zarr", full, args)
-    t_plain = timed_plain(model, labels, args)
-    t_light, _ = timed_record(model, labels, scratch / f"{name}_light.zarr", light, args)
-    table = per_variable(scratch / f"{name}_full.zarr", res_full, num_samples)
-    logical = res_full.bytes_logical / t_full
-    out = {"model": name, "num_samples": num_samples, "num_iter": args.num_iter, "cfg": args.cfg,
-           "batch_size": args.batch_size, "full_seconds": t_full, "full_bytes_logical": res_full.bytes_logical,
-           "full_logical_bytes_per_s": logical, "full_vs_raw_disk": logical / raw_bps,
-           "writer_wait_s": res_full.writer_wait_s, "plain_seconds": t_plain, "light_seconds": t_light,
-           "light_overhead": t_light / t_plain,
-           "full_disk_bytes": du(scratch / f"{name}_full.zarr"), "per_variable": table}
-    out["compression_ratio"] = res_full.bytes_logical / max(out["full_disk_bytes"], 1)
-    print(f"{name}: full {logical / 2**20:.1f} MiB/s logical = {out['full_vs_raw_disk']:.0%} of raw disk; "
-          f"light overhead {out['light_overhead']:.2f}x; compression {out['compression_ratio']:.2f}x")
+    spec = SelectionSpec(variables=("dec_k", "dec_v", "z_cfg_resid", "attn_gen"),
+                         layers=tuple(sorted({min(1, last), min(2, last)})))
+    out = scratch / f"{name}_light.zarr"
+    runs = {"plain": lambda: run_plain(model, labels, args), "record": lambda: run_record(model, labels, out, spec,
+                                                                                         args)}
+    times = {k: {"wall": [], "cpu": []} for k in runs}
+    for r in range(args.rounds):
+        for kind in (("plain", "record") if r % 2 == 0 else ("record", "plain")):
+            wall, cpu, _ = clocked(runs[kind])
+            times[kind]["wall"].append(wall)
+            times[kind]["cpu"].append(cpu)
+    disk = du(out)
+    shutil.rmtree(out, ignore_errors=True)
+    ratios = [r / p for r, p in zip(times["record"]["wall"], times["plain"]["wall"])]
+    cpu_ratios = [r / p for r, p in zip(times["record"]["cpu"], times["plain"]["cpu"])]
+    return {"selection": spec.to_dict(), "samples": len(labels), "rounds": args.rounds, "seconds": times,
+            "overhead_per_round": ratios, "overhead_median": statistics.median(ratios),
+            "overhead_min": min(ratios), "overhead_max": max(ratios),
+            "overhead_pooled": sum(times["record"]["wall"]) / sum(times["plain"]["wall"]),
+            "cpu_overhead_per_round": cpu_ratios, "cpu_overhead_median": statistics.median(cpu_ratios),
+            "goal_overhead": 1.1, "bytes_on_disk_per_sample": disk / len(labels)}
+
+
+def measure(model, name: str, args, scratch: Path) -> dict:
+    """All measurements of one model, with the load average around them."""
+    labels = np.arange(max(args.full_samples, args.num_samples)) % model.num_classes
+    run_plain(model, labels[:1], args)                                        # warm-up
+    load_before = os.getloadavg()
+    out = {"model": name, "preset": getattr(model.config, "name", None), "num_iter": args.num_iter, "cfg": args.cfg,
+           "batch_size": args.batch_size, "num_sampling_steps": model.diffloss.num_sampling_steps,
+           "writer_threads": args.writer_threads, "load_average_before": load_before}
+    out["full"] = full_capture(model, name, labels[:args.full_samples], args, scratch)
+    out["light"] = light_overhead(model, name, labels[:args.num_samples], args, scratch)
+    out["load_average_after"] = os.getloadavg()
+    f, lt = out["full"], out["light"]
+    print(f"{name}: full capture {f['logical_bytes_per_s'] / 2**20:.1f} MiB/s logical = "
+          f"{f['fraction_of_raw_disk']:.1%} of raw disk ({np.mean(list(f['raw_write_bytes_per_s'].values())) / 2**20:.0f}"
+          f" MiB/s); record / capture-only {f['record_vs_capture_only']:.2f}x; compression {f['compression_ratio']:.2f}x;"
+          f" light overhead median {lt['overhead_median']:.2f}x (rounds {', '.join(f'{r:.2f}' for r in lt['overhead_per_round'])})"
+          f"; load {load_before[0]:.1f} -> {out['load_average_after'][0]:.1f}")
     return out
 
 
 def build(preset: str | None, args):
+    """The embedded default (or its architecture with random weights when the file is missing), or a preset."""
     torch.manual_seed(0)
     if preset is None:
+        steps = {"num_sampling_steps": args.num_sampling_steps} if args.num_sampling_steps else {}
         if DEFAULT_CHECKPOINT.is_file():
-            return load_model(device=args.device)
+            return load_model(device=args.device, **steps)
         print(f"note: {DEFAULT_CHECKPOINT} not found; timing the fashion_small architecture with random weights")
-        preset = "fashion_small"
-    over = {"num_sampling_steps": args.num_sampling_steps} if args.num_sampling_steps else {}
+        return create_model("fashion_small", **steps).to(args.device).eval()
+    over = {"num_sampling_steps": args.base_sampling_steps} if args.base_sampling_steps else {}
     return create_model(preset, **over).to(args.device).eval()
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scratch", default="benchmarks/scratch", help="folder on the disk under test (emptied)")
-    p.add_argument("--num-samples", type=int, default=16)
-    p.add_argument("--base-samples", type=int, default=1, help="mar_base samples (0: skip mar_base)")
+    p.add_argument("--models", default="default,mar_base", help="comma-separated: default, mar_base")
+    p.add_argument("--scratch", default="benchmarks/scratch", help="folder on the disk under test (removed after)")
+    p.add_argument("--full-samples", type=int, default=2, help="samples of the full capture (default model)")
+    p.add_argument("--num-samples", type=int, default=4, help="samples per run of the light-overhead rounds")
+    p.add_argument("--base-samples", type=int, default=1, help="samples of every mar_base measurement")
+    p.add_argument("--rounds", type=int, default=4, help="plain/record rounds of the light overhead (ABBA)")
+    p.add_argument("--base-rounds", type=int, default=2, help="rounds for mar_base")
     p.add_argument("--num-iter", type=int, default=64)
     p.add_argument("--cfg", type=float, default=3.0)
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--num-sampling-steps", default=None)
+    p.add_argument("--num-sampling-steps", default=None, help="head steps of the default model (default: its own)")
+    p.add_argument("--base-sampling-steps", default="10",
+                   help="head steps of mar_base (default 10 instead of 100: only the recording overhead matters, "
+                        "and the head is not recorded; the ratio is then against a faster plain run, a stricter test)")
+    p.add_argument("--writer-threads", type=int, default=4)
     p.add_argument("--raw-mib", type=int, default=1024)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--tiny", action="store_true", help="smoke run: mar_tiny, 2 samples, 4 steps, 64 MiB raw")
+    p.add_argument("--out", default="record", help="result name: results/<out>.json")
+    p.add_argument("--tiny", action="store_true", help="smoke run: mar_tiny, 4 steps, 64 MiB raw")
     a = p.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     if a.tiny:
-        a.num_samples, a.base_samples, a.num_iter, a.raw_mib = 2, 1, 4, 64
+        a.full_samples, a.num_samples, a.base_samples, a.num_iter, a.raw_mib, a.rounds, a.base_rounds = \
+            2, 2, 1, 4, 64, 2, 2
     scratch = Path(a.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
-    raw = raw_write_speed(scratch, a.raw_mib)
-    print(f"raw sequential write: {raw / 2**20:.1f} MiB/s")
-    results = {"raw_write_bytes_per_s": raw, "settings": vars(a), "models": []}
-    models = [("mar_tiny", "mar_tiny", a.num_samples)] if a.tiny else [("default", None, a.num_samples)]
-    if a.base_samples:
-        models.append(("mar_base" if not a.tiny else "mar_tiny_latent",) * 2 + (a.base_samples,))
-    for name, preset, n in models:
-        results["models"].append(measure(build(preset, a), name, n, a, scratch, raw))
+    results = {"settings": vars(a), "models": []}
+    for name in [m.strip() for m in a.models.split(",") if m.strip()]:
+        preset = {"default": "mar_tiny" if a.tiny else None, "mar_base": "mar_tiny_latent" if a.tiny else "mar_base"}
+        if name not in preset:
+            raise SystemExit(f"unknown model {name!r}; expected some of {sorted(preset)!r}")
+        model = build(preset[name], a)
+        if name == "mar_base":
+            a_base = argparse.Namespace(**{**vars(a), "full_samples": a.base_samples, "num_samples": a.base_samples,
+                                           "rounds": a.base_rounds})
+            results["models"].append(measure(model, name, a_base, scratch))
+        else:
+            results["models"].append(measure(model, name, a, scratch))
+        del model
     shutil.rmtree(scratch, ignore_errors=True)
-    print(f"wrote {write_result('record_tiny' if a.tiny else 'record', results)}")
+    print(f"wrote {write_result(a.out + ('_tiny' if a.tiny else ''), results)}")
 
 
 if __name__ == "__main__":

@@ -222,7 +222,8 @@ class _Progress:
 def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int = 0, num_iter: int | None = None,
            cfg: float | None = None, cfg_schedule: str | None = None, temperature: float | None = None, rng: str = "own",
            batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
-           overwrite: bool = False, shard=None, queue_size: int = 8, progress: bool = False) -> RecordResult:
+           overwrite: bool = False, shard=None, queue_size: int = 8, writer_threads: int = 4,
+           progress: bool = False) -> RecordResult:
     """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.
 
     Parameters
@@ -256,6 +257,8 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
         ``"I/N"``: write only the I-th of N disjoint parts; shards may run concurrently on one store.
     queue_size : int
         Step records buffered for the background writer.
+    writer_threads : int
+        Threads compressing and writing chunks.
     progress : bool
         Show a progress bar (steps/s and bytes written).
 
@@ -270,7 +273,7 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
                  checkpoint=checkpoint, shard=shard)
     _prepare_store(plan["out"], plan["layout"], plan["attrs"], plan["labels"], plan["seeds"], resume=resume,
                    overwrite=overwrite, shard=plan["shard"])
-    return _run(model, plan, vae=vae, queue_size=queue_size, progress=progress)
+    return _run(model, plan, vae=vae, queue_size=queue_size, threads=writer_threads, progress=progress)
 
 
 def _plan(model, labels, out, spec, *, seed, num_iter, cfg, cfg_schedule, temperature, rng, batch_size,
@@ -292,13 +295,13 @@ def _plan(model, labels, out, spec, *, seed, num_iter, cfg, cfg_schedule, temper
                 sampling=sampling, shard=parse_shard(shard))
 
 
-def _run(model, plan: dict, *, vae, queue_size: int, progress: bool) -> RecordResult:
+def _run(model, plan: dict, *, vae, queue_size: int, threads: int, progress: bool) -> RecordResult:
     layout, s = plan["layout"], plan["sampling"]
     _, complete = read_flags(plan["out"])
     units = _units(layout, s["batch_size"], plan["shard"])
     todo = [u for u in units if not complete[u].all()]
     t0 = time.perf_counter()
-    writer = StoreWriter(plan["out"], layout, queue_size=queue_size)
+    writer = StoreWriter(plan["out"], layout, queue_size=queue_size, threads=threads)
     bar = tqdm(total=len(todo) * s["num_iter"], disable=not progress, desc="record", unit="step")
     probe = Probe(model, layout, writer.put_step)
     device = next(model.parameters()).device

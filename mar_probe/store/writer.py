@@ -1,14 +1,15 @@
 """Creating a run store and writing it off the sampling thread.
 
 :func:`create_store` writes all metadata (arrays, coordinates, attrs) once, before any data; shards and
-resumed runs open it with :class:`StoreWriter`. Every chunk holds one (sample, step) or one sample, so every
-write covers whole chunks: no chunk is read, modified and written back, and writers of disjoint samples
-never touch the same file. zarr's local store writes each chunk to a temporary file and renames it into
+resumed runs open it with :class:`StoreWriter`, which writes the chunks of everything queued concurrently. Every
+chunk holds one (sample, step) or one sample, so every write covers whole chunks: no chunk is read, modified and
+written back, and writers of disjoint samples never touch the same file. zarr's local store writes each chunk to a temporary file and renames it into
 place, so a killed writer leaves no torn chunk. The ``done`` flag of a (sample, step) is written only after
 that step's data, and ``complete`` of a sample only after all of its data.
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import queue
@@ -16,6 +17,7 @@ import shutil
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +100,11 @@ def describe_os_error(exc: BaseException) -> str:
 class StoreWriter:
     """Writes step records and per-sample results to an existing store from a background thread.
 
+    The thread takes every record queued so far (at most ``queue_size``) and writes their chunks concurrently
+    (zarr's async API on the thread's own event loop, compression and file writes on ``threads`` worker threads),
+    then, once all of those chunks are on disk, their ``done``/``complete`` flags. Chunks are disjoint, so the
+    order of data writes does not matter; a flag is never written before its data.
+
     Parameters
     ----------
     path : str or Path
@@ -106,15 +113,19 @@ class StoreWriter:
         The layout the store was created with.
     queue_size : int
         Records held in memory at most; the sampler blocks when the queue is full.
+    threads : int
+        Worker threads compressing and writing chunks.
     """
 
-    def __init__(self, path, layout: RunLayout, *, queue_size: int = 8):
-        if queue_size < 1:
-            raise ValueError(f"queue_size must be >= 1, got {queue_size!r}")
-        self.path, self.layout = Path(path), layout
+    def __init__(self, path, layout: RunLayout, *, queue_size: int = 8, threads: int = 4):
+        for name, value in (("queue_size", queue_size), ("threads", threads)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.path, self.layout, self.threads = Path(path), layout, threads
         root = zarr.open_group(str(self.path), mode="r+", use_consolidated=False)
-        self._arrays = {name: root[name] for name in layout.variables}
+        self._arrays = {name: root[name].async_array for name in layout.variables}
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._max_batch = queue_size
         self._error: BaseException | None = None
         self.bytes_logical = 0
         self.wait_s = 0.0
@@ -151,32 +162,59 @@ class StoreWriter:
             self._raise_if_failed()
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            if self._error is not None:
-                continue  # drain so that the producer never blocks forever
-            try:
-                self._write(*item)
-            except BaseException as exc:  # noqa: BLE001 - reported to the sampling thread
-                self._error = exc
+        loop = asyncio.new_event_loop()
+        loop.set_default_executor(ThreadPoolExecutor(self.threads, thread_name_prefix="mar-probe-chunks"))
+        try:
+            stop = False
+            while not stop:
+                items, stop = self._take()
+                if items and self._error is None:  # after an error: drain, so the producer never blocks
+                    try:
+                        loop.run_until_complete(self._write_batch(items))
+                    except BaseException as exc:  # noqa: BLE001 - reported to the sampling thread
+                        self._error = exc
+        finally:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
 
-    def _write(self, kind: str, payload) -> None:
-        if kind == "step":
-            rec = payload
-            for i, row in enumerate(rec.rows):
-                for name, arr in rec.arrays.items():
-                    self._arrays[name][row, rec.step_pos] = arr[i]
-                    self.bytes_logical += arr[i].nbytes
-                self._arrays["done"][row, rec.step_pos] = True
-            return
-        row, arrays = payload
-        for name, arr in arrays.items():
-            if name in self._arrays:
-                self._arrays[name][row] = arr
-                self.bytes_logical += arr.nbytes
-        self._arrays["complete"][row] = True
+    def _take(self) -> tuple[list, bool]:
+        """Wait for one queued item, then take the others already queued; (items, whether close was asked)."""
+        items = [self._queue.get()]
+        while len(items) < self._max_batch and items[-1] is not _STOP:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        stop = items[-1] is _STOP
+        return (items[:-1] if stop else items), stop
+
+    async def _write_batch(self, items) -> None:
+        """Write the data chunks of ``items`` concurrently, then (all of them on disk) their flags."""
+        data, flags, nbytes = [], [], 0
+        for kind, payload in items:
+            if kind == "step":
+                for i, row in enumerate(payload.rows):
+                    for name, arr in payload.arrays.items():
+                        data.append(self._arrays[name].setitem((row, payload.step_pos), arr[i]))
+                        nbytes += arr[i].nbytes
+                    flags.append(("done", (row, payload.step_pos)))
+            else:
+                row, arrays = payload
+                for name, arr in arrays.items():
+                    if name in self._arrays:
+                        data.append(self._arrays[name].setitem(row, arr))
+                        nbytes += arr.nbytes
+                flags.append(("complete", row))
+        await _gather(data)
+        self.bytes_logical += nbytes
+        await _gather([self._arrays[name].setitem(sel, True) for name, sel in flags])
+
+
+async def _gather(coros) -> None:
+    """Run ``coros`` concurrently and wait for all of them; then raise the first error, if any."""
+    for result in await asyncio.gather(*coros, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
 
 
 def read_flags(path) -> tuple[np.ndarray, np.ndarray]:
