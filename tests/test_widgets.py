@@ -6,12 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("ipywidgets")
-
-import mar_probe  # noqa: E402
-from mar_probe.probe import SelectionSpec, record  # noqa: E402
-from mar_probe.widgets import compare_strategies, explore, load_results  # noqa: E402
-from mar_probe.widgets import frames as F  # noqa: E402
+import mar_probe
+from mar_probe.probe import SelectionSpec, record
+from mar_probe.widgets import compare_strategies, explore, load_results
+from mar_probe.widgets import frames as F
 
 NUM_ITER = 6
 
@@ -114,6 +112,9 @@ def test_explorer_controls_change_the_figure(tiny_run):
     assert ex.state() == {"var": "dec_k", "layer": 1, "steps": (4, 5), "branch": "cond", "sample": 0}
     np.testing.assert_allclose(np.ma.filled(ex.map_artist.get_array(), np.nan),
                                F.cosine_map(ds, "dec_k", 0, (4, 5), 1, "cond"), atol=0)
+    first = F.cosine_map(ds, "dec_k", 0, (4, 5), 1, "cond")
+    floor = np.clip(np.percentile(first[np.isfinite(first)], 5), -1, 0.999)
+    assert ex.map_artist.get_clim() == pytest.approx((floor, 1.0), abs=5e-4)  # the floor starts at the 5th pct
     before = _snapshot(ex)
     ex.controls["steps"].value = (1, 2)
     after = _snapshot(ex)
@@ -124,6 +125,9 @@ def test_explorer_controls_change_the_figure(tiny_run):
         ex.controls[name].value = value
         assert not np.array_equal(prev[0], _snapshot(ex)[0]), name
     assert not np.array_equal(prev[1], _snapshot(ex)[1])  # the sample changed the canvas too
+    png = ex.image.value
+    ex.controls["floor"].value = -0.5
+    assert ex.map_artist.get_clim() == (-0.5, 1.0) and ex.image.value != png
 
 
 def test_explorer_variable_without_layers_or_branch(tiny_run):
@@ -206,3 +210,25 @@ def test_compare_controls_change_the_figure(rng):
     assert "token_mse" in cmp.table.value and "[1.9, 2.3]" not in cmp.table.value
     with pytest.raises(ValueError, match="unknown fidelity metric 'ssim'"):
         compare_strategies(res, fidelity="ssim")
+
+
+def test_compare_strategies_reads_compare_output(tiny_run, tmp_path):
+    """The results.json + samples/ written by mar_probe.compare (`mar-probe compare`) open as written."""
+    from mar_probe.compare import CompareConfig, StrategyRun, compare, write_results
+    model, _ = tiny_run
+    runs = (StrategyRun(label="marche", name="marche", options=(("budget", 8),)),
+            StrategyRun(label="steps", name="fewer-steps", options=(("num_iter", 2),)))
+    result = compare(model, CompareConfig(runs=runs, num_samples=2, num_iter=4, cfg=2.0), progress=False)
+    out = write_results(result, tmp_path / "cmp")
+    cmp = compare_strategies(out)
+    assert [e.name for e in cmp.entries] == ["full", "marche", "steps"]
+    assert cmp.state()["speed"] == "speedup.time" and cmp.state()["fidelity"] == "fidelity.psnr"
+    assert not any(m.startswith(("config", "per_seed")) for m in cmp.metric_names)
+    for e in cmp.entries:
+        assert np.array_equal(e.images, result.runs[e.name][0].images)
+        want = result.results["strategies"][e.name]["speedup"]["flops"]["mean"]
+        assert e.metrics["speedup.flops"].mean == pytest.approx(want, rel=1e-12)
+    cmp.controls["speed"].value = "speedup.flops"
+    np.testing.assert_allclose(cmp.scatter.get_offsets()[:, 0],
+                               [result.results["strategies"][n]["speedup"]["flops"]["mean"]
+                                for n in ("full", "marche", "steps")])

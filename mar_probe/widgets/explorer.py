@@ -9,7 +9,8 @@ import xarray as xr
 from . import frames as F
 from ._render import new_figure, png_bytes, show_image
 
-GENERATING_RGBA = (1.0, 0.15, 0.1, 0.45)
+GENERATING_RGBA = (1.0, 0.15, 0.1, 0.5)
+MASKED_RGBA = (0.3, 0.5, 1.0, 0.3)
 
 
 def _open(ds):
@@ -32,15 +33,17 @@ def _default_pair(steps: list[int]) -> tuple[int, int]:
 class Explorer:
     """Cosine stability of a recorded variable on the token grid, beside the image the model holds at that step.
 
-    Controls: variable, layer, step pair (s0, s1), CFG branch and sample. The left panel is the cosine of each
-    image token's vector between steps s0 and s1 (grey: not processed at one of them); the right panel is the
-    canvas after step s1, decoded from the store's tokens and masks (still-masked tokens are zeros, as the
-    model has them), with the tokens generated at s1 in red. Works on the store alone; no model is loaded.
+    Controls: variable, layer, step pair (s0, s1), CFG branch, sample, and the floor of the colour scale (set at
+    start to the 5th percentile of the first map, so that small changes show; lower values saturate). The left
+    panel is the cosine of each image token's vector between steps s0 and s1 (grey: not processed at one of
+    them); the right panel is the canvas after step s1, decoded from the store's tokens and masks (still-masked
+    tokens are zeros, as the model has them, tinted blue), with the tokens generated at s1 in red. Works on the
+    store alone; no model is loaded.
 
     Attributes
     ----------
     controls : dict of ipywidgets
-        ``var``, ``layer``, ``steps``, ``branch``, ``sample``; set their ``value`` to drive the explorer.
+        ``var``, ``layer``, ``steps``, ``branch``, ``sample``, ``floor``; set their ``value`` to drive it.
     fig : matplotlib.figure.Figure
         The figure; ``map_artist``, ``image_artist`` and ``overlay_artist`` are its AxesImages.
     widget : ipywidgets.Box
@@ -65,6 +68,7 @@ class Explorer:
         self._build_figure()
         self._build_widget()
         self._sync_var_controls()
+        self._auto_floor()
         self.update()
 
     # ---- construction -----------------------------------------------------------------------------
@@ -82,11 +86,13 @@ class Explorer:
              "steps": W.SelectionRangeSlider(options=[(str(s), s) for s in self.steps], index=(lo, hi),
                                              description="steps", style=style, continuous_update=False),
              "branch": W.ToggleButtons(options=[str(b) for b in self.ds["branch"].values] or ["cond"],
-                                       description="branch", style=style),
+                                       description="branch", style={**style, "button_width": "76px"}),
              "sample": W.Dropdown(options=opts, value=samples[0] if sample is None else sample,
-                                  description="sample", style=style)}
+                                  description="sample", style=style),
+             "floor": W.FloatSlider(min=-1.0, max=0.999, step=0.001, value=0.9, readout_format=".3f",
+                                    description="cos floor", style=style, continuous_update=False)}
         c["var"].observe(self._on_var, names="value")
-        for name in ("layer", "steps", "branch", "sample"):
+        for name in ("layer", "steps", "branch", "sample", "floor"):
             c[name].observe(self._on_change, names="value")
         return c
 
@@ -96,8 +102,8 @@ class Explorer:
         self.ax_map, self.ax_img = axes[0]
         grid = F.image_token_grid(self.ds, np.zeros(self.ds.sizes["token"]))
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.75")
-        self.map_artist = self.ax_map.imshow(grid, cmap=cmap, vmin=0.8, vmax=1.0, interpolation="nearest")
-        self.fig.colorbar(self.map_artist, ax=self.ax_map, label="cosine similarity", shrink=0.85)
+        self.map_artist = self.ax_map.imshow(grid, cmap=cmap, vmin=0.9, vmax=1.0, interpolation="nearest")
+        self.fig.colorbar(self.map_artist, ax=self.ax_map, label="cosine similarity", shrink=0.85, extend="min")
         self.ax_map.set(xlabel="token column", ylabel="token row")
         for axis in (self.ax_map.xaxis, self.ax_map.yaxis):
             axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -109,7 +115,8 @@ class Explorer:
         import ipywidgets as W
         self.image = W.Image(format="png", layout=W.Layout(max_width="820px"))
         self.status = W.HTML()
-        box = W.VBox([self.controls[k] for k in ("var", "layer", "steps", "branch", "sample")] + [self.status],
+        box = W.VBox([self.controls[k] for k in ("var", "layer", "steps", "branch", "sample", "floor")]
+                     + [self.status],
                      layout=W.Layout(min_width="330px"))
         self.widget = W.HBox([box, self.image])
 
@@ -130,8 +137,21 @@ class Explorer:
         finally:
             self._hold = False
 
+    def _auto_floor(self) -> None:
+        """Floor of the colour scale: the 5th percentile of the first map (in [-1, 0.999])."""
+        s = self.state()
+        cos = F.cosine_map(self.ds, s["var"], s["sample"], s["steps"], s["layer"], s["branch"])
+        finite = cos[np.isfinite(cos)]
+        floor = float(np.clip(np.percentile(finite, 5), -1.0, 0.999)) if finite.size else 0.9
+        self._hold = True
+        try:
+            self.controls["floor"].value = round(floor, 3)
+        finally:
+            self._hold = False
+
     def _on_var(self, change) -> None:
         self._sync_var_controls()
+        self._auto_floor()
         self.update()
 
     def _on_change(self, change) -> None:
@@ -154,8 +174,7 @@ class Explorer:
             return
         cos = F.cosine_map(self.ds, s["var"], s["sample"], (s0, s1), s["layer"], s["branch"])
         self.map_artist.set_data(cos)
-        finite = cos[np.isfinite(cos)]
-        self.map_artist.set_clim(min(0.8, float(finite.min())) if finite.size else 0.8, 1.0)
+        self.map_artist.set_clim(self.controls["floor"].value, 1.0)
         where = ", ".join(f"{k} {s[k]}" for k in ("layer", "branch") if s[k] is not None)
         self.ax_map.set_title(f"{s['var']} cosine, step {s0}→{s1}" + (f"\n{where}" if where else ""), fontsize=10)
         self._draw_canvas(s["sample"], s1)
@@ -167,11 +186,13 @@ class Explorer:
         known, gen = F.known_after(self.ds, sample, step)
         self.image_artist.set_data(img[..., 0] if img.shape[-1] == 1 else img)
         cover = F.upsample_token_mask(gen, self.ds.attrs["model_config"], img.shape[:2])
+        masked = F.upsample_token_mask(~known, self.ds.attrs["model_config"], img.shape[:2])
         overlay = np.zeros(img.shape[:2] + (4,))
+        overlay[masked] = MASKED_RGBA
         overlay[cover] = GENERATING_RGBA
         self.overlay_artist.set_data(overlay)
         self.ax_img.set_title(f"canvas after step {step}: {int(known.sum())}/{known.size} tokens known\n"
-                              f"red: {int(gen.sum())} generated at step {step}; grey: still masked", fontsize=10)
+                              f"red: {int(gen.sum())} generated at step {step}; blue: still masked", fontsize=10)
 
     def _summary(self, cos: np.ndarray, sample: int, step: int) -> str:
         finite = cos[np.isfinite(cos)]

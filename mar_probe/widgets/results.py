@@ -2,7 +2,8 @@
 
 Accepted inputs (:func:`load_results`):
 
-- a folder written by ``mar-probe compare`` (its ``results.json``) or the path of such a JSON file;
+- a folder written by ``mar-probe compare`` / ``sweep`` or :func:`mar_probe.compare.write_results` (its
+  ``results.json``, whose ``samples_path`` entries point at the images), or the path of such a JSON file;
 - a mapping ``{strategy name: entry}`` or a sequence of entries that name themselves (``"strategy"`` or
   ``"name"``; a strategy given as a dict uses its ``"name"``); a JSON object may wrap the sequence under
   ``"strategies"`` or ``"results"``.
@@ -10,7 +11,8 @@ Accepted inputs (:func:`load_results`):
 An entry holds scalar metrics (numbers, or intervals ``{"mean", "lo", "hi"}``, possibly nested: nested keys are
 joined with dots, e.g. ``speedup.time``) and optionally images: ``"images"`` (uint8 [N, H, W(, C)]) or a
 path to a ``.npz`` with an ``images`` array (``"images"``, ``"samples"``, ``"samples_path"`` or
-``"images_path"``, relative to the results file). Metrics are never recomputed here; the widget only reads.
+``"images_path"``, relative to the results file). Descriptions (``config``, ``options``, ``settings``,
+``machine``, ``per_seed``) are not metrics. Metrics are never recomputed here; the widget only reads.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import numpy as np
 
 IMAGE_KEYS = ("images", "samples", "samples_path", "images_path")
 NAME_KEYS = ("strategy", "name", "label")
+SKIP_KEYS = ("config", "options", "settings", "machine", "per_seed")  # descriptions, not metrics
 LO_KEYS = ("lo", "ci_lo", "low", "lower")
 HI_KEYS = ("hi", "ci_hi", "high", "upper")
 SPEED_HINTS = ("speedup_time", "speedup.time", "time_speedup", "speedup", "speedup_flops", "flops_speedup",
@@ -59,6 +62,8 @@ def _as_metric(value) -> Metric | None:
     if isinstance(value, dict) and isinstance(value.get("mean"), (int, float)):
         lo = next((float(value[k]) for k in LO_KEYS if isinstance(value.get(k), (int, float))), None)
         hi = next((float(value[k]) for k in HI_KEYS if isinstance(value.get(k), (int, float))), None)
+        if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+            lo = hi = None  # no interval (e.g. one seed)
         return Metric(float(value["mean"]), lo, hi)
     return None
 
@@ -67,7 +72,7 @@ def flatten_metrics(entry: dict, prefix: str = "") -> dict[str, Metric]:
     """Scalar metrics of an entry, nested dicts joined with dots (intervals kept whole)."""
     out = {}
     for key, value in entry.items():
-        if key in IMAGE_KEYS or key in NAME_KEYS:
+        if key in IMAGE_KEYS or key in NAME_KEYS or key in SKIP_KEYS:
             continue
         name = f"{prefix}{key}"
         metric = _as_metric(value)
