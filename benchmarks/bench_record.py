@@ -11,7 +11,9 @@ Per model (the embedded default, and the ``mar_base`` architecture with random w
 * **light overhead**: time(record) / time(sampling without recording) for K/V of two decoder layers, the CFG residual
   and the selection scores (goal <= 1.1x). Plain and recorded runs alternate in ``--rounds`` rounds (ABBA order,
   so a drifting machine load hits both alike); each round gives a ratio, reported with their median and spread;
-* **bytes per sample per variable**, uncompressed and on disk, and the compression ratio of the full capture.
+* **bytes per sample per variable**, uncompressed and on disk, and the compression ratio of the full capture;
+* **codecs**: the writer alone on the same in-memory records (everything, one sample, ``--codec-steps`` steps) with
+  each codec (lz4, zstd, none): logical MiB per wall second and per CPU second, and the compression ratio.
 
 The load average before and after each model is stored beside the numbers: on a shared machine, wall-clock ratios
 are only as good as the neighbours' load is steady.
@@ -70,7 +72,7 @@ def run_record(model, labels, out: Path, spec, args):
     """Record into ``out`` (replacing it) and sync the disk; the RecordResult."""
     shutil.rmtree(out, ignore_errors=True)
     res = record(model, labels, out, spec, seed=0, num_iter=args.num_iter, cfg=args.cfg, batch_size=args.batch_size,
-                 writer_threads=args.writer_threads)
+                 writer_threads=args.writer_threads, compression=args.compression)
     os.sync()
     return res
 
@@ -167,16 +169,51 @@ def measure(model, name: str, args, scratch: Path) -> dict:
     load_before = os.getloadavg()
     out = {"model": name, "preset": getattr(model.config, "name", None), "num_iter": args.num_iter, "cfg": args.cfg,
            "batch_size": args.batch_size, "num_sampling_steps": model.diffloss.num_sampling_steps,
-           "writer_threads": args.writer_threads, "load_average_before": load_before}
+           "writer_threads": args.writer_threads, "compression": args.compression, "load_average_before": load_before}
     out["full"] = full_capture(model, name, labels[:args.full_samples], args, scratch)
     out["light"] = light_overhead(model, name, labels[:args.num_samples], args, scratch)
     out["load_average_after"] = os.getloadavg()
+    if args.codec_steps:
+        out["codecs"] = codec_comparison(model, name, args, scratch)
     f, lt = out["full"], out["light"]
-    print(f"{name}: full capture {f['logical_bytes_per_s'] / 2**20:.1f} MiB/s logical = "
-          f"{f['fraction_of_raw_disk']:.1%} of raw disk ({np.mean(list(f['raw_write_bytes_per_s'].values())) / 2**20:.0f}"
-          f" MiB/s); record / capture-only {f['record_vs_capture_only']:.2f}x; compression {f['compression_ratio']:.2f}x;"
-          f" light overhead median {lt['overhead_median']:.2f}x (rounds {', '.join(f'{r:.2f}' for r in lt['overhead_per_round'])})"
-          f"; load {load_before[0]:.1f} -> {out['load_average_after'][0]:.1f}")
+    raw = np.mean(list(f["raw_write_bytes_per_s"].values())) / 2**20
+    rounds = ", ".join(f"{r:.2f}" for r in lt["overhead_per_round"])
+    print(f"{name}: full capture {f['logical_bytes_per_s'] / 2**20:.1f} MiB/s logical = {f['fraction_of_raw_disk']:.1%}"
+          f" of raw disk ({raw:.0f} MiB/s); record / capture-only {f['record_vs_capture_only']:.2f}x; compression "
+          f"{f['compression_ratio']:.2f}x; light overhead median {lt['overhead_median']:.2f}x (rounds {rounds}); "
+          f"load {load_before[0]:.1f} -> {out['load_average_after'][0]:.1f}")
+    return out
+
+
+def codec_comparison(model, name, args, scratch: Path) -> dict:
+    """The writer alone on the same in-memory records (one sample, ``codec_steps`` steps, everything), per codec:
+    logical MiB per wall second and per CPU second of the process, and the compression ratio (two repeats each)."""
+    from mar_probe.store.writer import COMPRESSIONS, StoreWriter, create_store
+    spec = SelectionSpec(variables=ACTIVATIONS)
+    probe = Probe.for_run(model, spec, num_samples=1, num_iter=args.codec_steps, cfg=args.cfg)
+    probe.begin_batch([0])
+    with probe.attached():
+        sample(model, [0], num_iter=args.codec_steps, cfg=args.cfg, seed=0, observers=[probe])
+    nbytes = sum(a.nbytes for r in probe.records for a in r.arrays.values())
+    out = {"steps": args.codec_steps, "bytes_logical": nbytes}
+    for codec in COMPRESSIONS * 2:
+        path = scratch / f"{name}_codec.zarr"
+        shutil.rmtree(path, ignore_errors=True)
+        create_store(path, probe.layout, labels=np.array([0]), seeds=sample_seeds(0, 1), attrs={},
+                     compression=codec)
+
+        def write():
+            writer = StoreWriter(path, probe.layout, queue_size=8, threads=args.writer_threads)
+            for rec in probe.records:
+                writer.put_step(rec)
+            writer.close()
+            os.sync()
+        wall, cpu, _ = clocked(write)
+        disk = du(path)
+        shutil.rmtree(path, ignore_errors=True)
+        got = out.setdefault(codec, {"wall_bytes_per_s": [], "cpu_bytes_per_s": [], "ratio": nbytes / disk})
+        got["wall_bytes_per_s"].append(nbytes / wall)
+        got["cpu_bytes_per_s"].append(nbytes / cpu)
     return out
 
 
@@ -210,6 +247,9 @@ def main(argv=None):
                    help="head steps of mar_base (default 10 instead of 100: only the recording overhead matters, "
                         "and the head is not recorded; the ratio is then against a faster plain run, a stricter test)")
     p.add_argument("--writer-threads", type=int, default=4)
+    p.add_argument("--compression", default="lz4", choices=["lz4", "zstd", "none"])
+    p.add_argument("--codec-steps", type=int, default=16,
+                   help="steps of the in-memory records written once per codec (0: skip; mar_base: at most 2)")
     p.add_argument("--raw-mib", type=int, default=1024)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default="record", help="result name: results/<out>.json")
@@ -219,6 +259,7 @@ def main(argv=None):
     if a.tiny:
         a.full_samples, a.num_samples, a.base_samples, a.num_iter, a.raw_mib, a.rounds, a.base_rounds = \
             2, 2, 1, 4, 64, 2, 2
+        a.codec_steps = min(a.codec_steps, 4)
     scratch = Path(a.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     results = {"settings": vars(a), "models": []}
@@ -229,7 +270,7 @@ def main(argv=None):
         model = build(preset[name], a)
         if name == "mar_base":
             a_base = argparse.Namespace(**{**vars(a), "full_samples": a.base_samples, "num_samples": a.base_samples,
-                                           "rounds": a.base_rounds})
+                                           "rounds": a.base_rounds, "codec_steps": min(a.codec_steps, 2)})
             results["models"].append(measure(model, name, a_base, scratch))
         else:
             results["models"].append(measure(model, name, a, scratch))

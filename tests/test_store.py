@@ -140,7 +140,12 @@ def test_record_on_the_embedded_default_opens_with_xarray(tmp_path, capsys):
 def test_partial_row_strategy_store_has_computed_masks(tmp_path):
     spec = SelectionSpec(variables="enc_k,dec_v,z", dtype="bfloat16")
     lazy = mar_probe.strategies.create("lazymar", warmup_steps=1, refresh_interval=8)
-    record(_model(), np.array([2, 4]), tmp_path / "lazy.zarr", spec, seed=1, num_iter=4, cfg=2.0, strategy=lazy)
+    with pytest.raises(ValueError, match=r"unknown compression 'gzip'; expected one of \('lz4', 'zstd', 'none'\)"):
+        record(_model(), np.array([2, 4]), tmp_path / "x.zarr", spec, num_iter=4, cfg=2.0, compression="gzip")
+    record(_model(), np.array([2, 4]), tmp_path / "lazy.zarr", spec, seed=1, num_iter=4, cfg=2.0, strategy=lazy,
+           compression="zstd")
+    codec = zarr.open_group(str(tmp_path / "lazy.zarr"), mode="r")["enc_k"].metadata.codecs[-1]
+    assert codec.cname.value == "zstd" and not (tmp_path / "x.zarr").exists()
     ds = open_run(tmp_path / "lazy.zarr")
     assert ds["enc_computed"].dims == ds["dec_computed"].dims == ("sample", "step", "branch", "layer", "token")
     assert ds["derived"].dims == ("sample", "step", "branch") and ds.attrs["strategy"]["name"] == "lazymar"

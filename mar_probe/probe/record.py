@@ -27,8 +27,8 @@ from ..models.checkpoints import resolve_sampling
 from ..sampler import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
-from ..store.writer import (StoreExistsError, StoreWriter, WriteError, create_store, describe_os_error,
-                            read_flags)
+from ..store.writer import (StoreExistsError, StoreWriter, WriteError, compressors, create_store,
+                            describe_os_error, read_flags)
 from .probe import Probe
 from .spec import SelectionSpec
 
@@ -156,7 +156,8 @@ def _units(layout: RunLayout, batch_size: int, shard) -> list[list[int]]:
     return units if shard is None else units[shard[0]::shard[1]]
 
 
-def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite, shard) -> None:
+def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite, shard,
+                   compression: str) -> None:
     """Create the store (atomically: build in a temporary folder, then rename) or check an existing one."""
     if resume and overwrite:
         raise ValueError("give --resume or --overwrite, not both")
@@ -175,7 +176,7 @@ def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite
                               "to replace it")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        create_store(tmp, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=True)
+        create_store(tmp, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=True, compression=compression)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise WriteError(f"creating the store {str(out)!r} failed: {describe_os_error(exc)}; nothing was "
@@ -223,7 +224,7 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
            cfg: float | None = None, cfg_schedule: str | None = None, temperature: float | None = None, rng: str = "own",
            batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
            overwrite: bool = False, shard=None, queue_size: int = 8, writer_threads: int = 4,
-           progress: bool = False) -> RecordResult:
+           compression: str = "lz4", progress: bool = False) -> RecordResult:
     """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.
 
     Parameters
@@ -259,6 +260,8 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
         Step records buffered for the background writer.
     writer_threads : int
         Threads compressing and writing chunks.
+    compression : {"lz4", "zstd", "none"}
+        Codec of a new store's data variables (a resumed or shared store keeps its own).
     progress : bool
         Show a progress bar (steps/s and bytes written).
 
@@ -268,11 +271,12 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
     """
     st = resolve_sampling(model, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature)
     num_iter, cfg, cfg_schedule, temperature = st["num_iter"], st["cfg"], st["cfg_schedule"], st["temperature"]
+    compressors(compression)  # an unknown name fails before anything runs
     plan = _plan(model, labels, out, spec, seed=seed, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule,
                  temperature=temperature, rng=rng, batch_size=batch_size, strategy=strategy, vae=vae,
                  checkpoint=checkpoint, shard=shard)
     _prepare_store(plan["out"], plan["layout"], plan["attrs"], plan["labels"], plan["seeds"], resume=resume,
-                   overwrite=overwrite, shard=plan["shard"])
+                   overwrite=overwrite, shard=plan["shard"], compression=compression)
     return _run(model, plan, vae=vae, queue_size=queue_size, threads=writer_threads, progress=progress)
 
 

@@ -3,9 +3,10 @@
 :func:`create_store` writes all metadata (arrays, coordinates, attrs) once, before any data; shards and
 resumed runs open it with :class:`StoreWriter`, which writes the chunks of everything queued concurrently. Every
 chunk holds one (sample, step) or one sample, so every write covers whole chunks: no chunk is read, modified and
-written back, and writers of disjoint samples never touch the same file. zarr's local store writes each chunk to a temporary file and renames it into
-place, so a killed writer leaves no torn chunk. The ``done`` flag of a (sample, step) is written only after
-that step's data, and ``complete`` of a sample only after all of its data.
+written back, and writers of disjoint samples never touch the same file. zarr's local store (zarr >= 3.1.3) writes
+each chunk to a temporary file and renames it into place, so a killed writer leaves no torn chunk. The ``done``
+flag of a (sample, step) is written only after that step's data, and ``complete`` of a sample only after all of
+its data.
 """
 from __future__ import annotations
 
@@ -29,24 +30,39 @@ from .schema import RunLayout, coordinates
 _STOP = object()
 
 
-def compressors():
-    """The codec chain of every data variable: Blosc zstd with byte shuffle (good on float16 activations)."""
-    return (BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"),)
+COMPRESSIONS = ("lz4", "zstd", "none")
+
+
+def compressors(compression: str = "lz4") -> tuple:
+    """The codec chain of every data variable: Blosc with byte shuffle (good on float16 activations).
+
+    ``lz4`` (default, clevel 5) costs the least CPU per byte; ``zstd`` (clevel 3) compresses activations about 8%
+    smaller at about 1.6x the CPU time (see ``benchmarks/bench_record.py``); ``none`` stores raw chunks.
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"unknown compression {compression!r}; expected one of {COMPRESSIONS!r}")
+    if compression == "none":
+        return ()
+    level = 5 if compression == "lz4" else 3
+    return (BloscCodec(cname=compression, clevel=level, shuffle="shuffle"),)
 
 
 class StoreExistsError(FileExistsError, ValueError):
     """The store exists and neither resuming nor overwriting was asked for."""
 
 
-def create_store(path: str | Path, layout: RunLayout, *, labels, seeds, attrs: dict, overwrite: bool = False):
+def create_store(path: str | Path, layout: RunLayout, *, labels, seeds, attrs: dict, overwrite: bool = False,
+                 compression: str = "lz4"):
     """Create the store at ``path`` with every array, coordinate and attribute, and no data.
+
+    ``compression`` names the codec of the data variables (see :func:`compressors`).
 
     Raises
     ------
     StoreExistsError
         When ``path`` exists and ``overwrite`` is False.
     """
-    path = Path(path)
+    path, codecs = Path(path), compressors(compression)
     if path.exists():
         if not overwrite:
             raise StoreExistsError(f"store {str(path)!r} already exists; pass --resume to complete it or "
@@ -58,9 +74,9 @@ def create_store(path: str | Path, layout: RunLayout, *, labels, seeds, attrs: d
     root.attrs.update({**{k: _jsonable(v) for k, v in attrs.items()}, **extra})
     for name, (dim, values) in coords.items():
         _create(root, name, np.asarray(values).shape, np.asarray(values).shape, values.dtype, _coord_fill(values),
-                (dim,), {}).__setitem__(Ellipsis, values)
+                (dim,), {}, codecs).__setitem__(Ellipsis, values)
     for v in layout.variables.values():
-        _create(root, v.name, v.shape, v.chunks, v.dtype, v.fill, v.dims, v.attrs)
+        _create(root, v.name, v.shape, v.chunks, v.dtype, v.fill, v.dims, v.attrs, codecs)
     with warnings.catch_warnings():  # metadata never changes after creation, so consolidating is safe
         warnings.simplefilter("ignore")
         zarr.consolidate_metadata(str(path))
@@ -71,12 +87,12 @@ def _coord_fill(values):
     return "" if values.dtype == object else 0
 
 
-def _create(root, name, shape, chunks, dtype, fill, dims, attrs):
+def _create(root, name, shape, chunks, dtype, fill, dims, attrs, codecs):
     text = np.dtype(dtype) == object
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return root.create_array(name, shape=shape, chunks=chunks, dtype=str if text else dtype, fill_value=fill,
-                                 dimension_names=dims, attributes=attrs, compressors="auto" if text else compressors())
+                                 dimension_names=dims, attributes=attrs, compressors="auto" if text else codecs)
 
 
 def _jsonable(v):
