@@ -386,14 +386,19 @@ def pareto_front(speed, fidelity, higher_is_better: bool = True) -> np.ndarray:
 
 
 def sweep_frame(results: dict, grid_keys, speed: str = "speedup_flops", fidelity: str = "psnr"):
-    """The results table of a sweep with one column per swept option and an ``on_front`` flag."""
+    """The results table of a sweep with one column per swept option and an ``on_front`` flag.
+
+    For a paired fidelity metric ``full`` is the reference (identical to itself by definition), not a candidate:
+    it is left off the front."""
     df = results_frame(results)
     for key in grid_keys:
         df[key] = [_lookup(results["strategies"][lab], f"config.{key}") if results["strategies"][lab]["config"]
                    ["name"] == results["sweep"]["strategy"] else None for lab in df["label"]]
     on = np.zeros(len(df), dtype=bool)
     if speed in df and fidelity in df:
-        on[pareto_front(df[speed], df[fidelity], HIGHER_IS_BETTER.get(fidelity, True))] = True
+        cand = np.flatnonzero(~((df["label"] == "full") & (fidelity in FIDELITY)).to_numpy())
+        front = pareto_front(df[speed].iloc[cand], df[fidelity].iloc[cand], HIGHER_IS_BETTER.get(fidelity, True))
+        on[cand[front]] = True
     df["on_front"] = on
     return df
 
@@ -408,7 +413,7 @@ def write_sweep(result: CompareResult, out, strategy: str, grid: dict, speed: st
     df = sweep_frame(result.results, list(grid), speed, fidelity)
     df.to_csv(out / "sweep.csv", index=False)
     if speed in df and fidelity in df:
-        ax = pareto_plot(df, speed, fidelity)
+        ax = pareto_plot(df[(df["label"] != "full") | (fidelity not in FIDELITY)], speed, fidelity)
         ax.figure.savefig(out / "pareto.png", dpi=120)
         import matplotlib.pyplot as plt
         plt.close(ax.figure)

@@ -161,6 +161,8 @@ def test_cli_sweep_writes_csv_and_pareto(tmp_path, capsys):
     lines = (out / "sweep.csv").read_text().splitlines()
     header = lines[0].split(",")
     assert "budget" in header and "on_front" in header and len(lines) == 4
+    full = dict(zip(header, lines[1].split(",")))
+    assert full["label"] == "full" and full["on_front"] == "False"       # the reference is no candidate
     assert (out / "pareto.png").stat().st_size > 0
     assert "| budget=40 |" in capsys.readouterr().out
 
