@@ -18,7 +18,7 @@ front of speed against fidelity.
 
 ``results.json`` (``format = "mar_probe.compare"``, ``version = 1``)::
 
-    {"format", "version", "settings": CompareConfig.to_dict(), "machine": {...},
+    {"format", "version", "settings": CompareConfig.to_dict(), "machine": {...}, "model", "weights_sha256",
      "strategies": {LABEL: {
          "label", "config": strategy.to_dict(), "steps", "samples_path": "samples/LABEL.npz",
          "seconds": I, "gflops": I, "speedup": {"time": I, "flops": I},
@@ -182,8 +182,9 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True) -> Co
         runs[r.label].append(run_strategy(model, r, labels, seed, config, vae))
     judge = QualityJudge.for_images(runs["full"][0].images, config)
     strategies = {r.label: summarize_runs(r, runs[r.label], runs["full"], judge) for r in config.runs}
+    from .probe.record import weights_sha256
     results = {"format": FORMAT, "version": VERSION, "settings": config.to_dict(), "machine": machine(),
-               "model": model.config.name, "strategies": strategies}
+               "model": model.config.name, "weights_sha256": weights_sha256(model), "strategies": strategies}
     return CompareResult(results, runs)
 
 

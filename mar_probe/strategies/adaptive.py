@@ -26,7 +26,8 @@ class OracleConfig(MARcheConfig):
 class DriftConfig(MARcheConfig):
     """``marche`` options with a drift-triggered refresh (``refresh_period`` is the cap).
 
-    The threshold is set from the embedded model at 16 steps, where the estimate is 0.18, 0.38 and 0.49 after
+    The threshold is set from the embedded model (its 1,700-iteration checkpoint) at 16 steps, where the estimate
+    is 0.18, 0.38 and 0.49 after
     1, 2 and 3 steps without refresh (one run, labels 0 and 5, seed 0): 0.25 refreshes about every other step
     there and less often at 64 steps, where each step decodes fewer tokens.
     """
