@@ -29,7 +29,7 @@ class DriftConfig(MARcheConfig):
     The threshold is set from the embedded model (its 1,700-iteration checkpoint) at 16 steps, where the estimate
     is 0.18, 0.38 and 0.49 after
     1, 2 and 3 steps without refresh (one run, labels 0 and 5, seed 0): 0.25 refreshes about every other step
-    there and less often at 64 steps, where each step decodes fewer tokens.
+    there; at 64 steps each step decodes fewer tokens, so it should refresh less often (not measured).
     """
     refresh_threshold: float = 0.25
     refresh_period: int = 16
