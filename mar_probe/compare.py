@@ -12,7 +12,8 @@
 * optionally (``shadow=True``) the mean shadow errors of what the strategy used (see :mod:`mar_probe.probe.shadow`).
 
 :func:`write_results` lays the result out as ``results.json`` (format below), ``results.csv`` (one row per
-strategy), ``samples/LABEL.npz`` (images, labels, tokens of the first seed) and ``grid.png`` (strategies in rows).
+strategy), ``samples/LABEL.npz`` (images, labels, tokens [N, seq_len, dim] of the first seed, as
+``mar-probe generate`` writes them) and ``grid.png`` (strategies in rows).
 :func:`sweep` runs one strategy over a grid of one or two options with the same machinery and adds the Pareto
 front of speed against fidelity.
 
@@ -196,7 +197,8 @@ def write_results(result: CompareResult, out) -> Path:
     images = {}
     for label, seeds in result.runs.items():
         first = seeds[0]
-        arrays = dict(labels=first.labels, tokens=first.tokens)
+        tokens = first.tokens.reshape(first.tokens.shape[0], first.tokens.shape[1], -1).transpose(0, 2, 1)
+        arrays = dict(labels=first.labels, tokens=tokens)                 # tokens [N, seq_len, dim] as generate
         if first.images is not None:
             arrays["images"] = images[label] = first.images
         path = out / "samples" / f"{_file_label(label)}.npz"

@@ -88,7 +88,7 @@ def test_write_results_round_trip_and_widget(compared, tmp_path):
     assert CompareConfig.from_dict(data["settings"]) == config
     assert data["strategies"]["marche"]["config"]["budget"] == 20
     with np.load(out / data["strategies"]["marche"]["samples_path"]) as f:
-        assert f["images"].shape == (2, 8, 8, 1)
+        assert f["images"].shape == (2, 8, 8, 1) and f["tokens"].shape == (2, 64, 4)    # [N, seq_len, dim]
     csv = (out / "results.csv").read_text().splitlines()
     assert csv[0].startswith("label,strategy,options,steps,speedup_time") and len(csv) == 4
     assert (out / "grid.png").stat().st_size > 0
