@@ -260,7 +260,8 @@ def test_run_summary_matches_numpy(run_np):
         per.append((vals > 0.1).mean())
     half = stats.t.ppf(0.975, 2) * np.std(per, ddof=1) / np.sqrt(3)
     assert row["mean"] == pytest.approx(np.mean(per)) and row["n"] == 3
-    assert row["lo"] == pytest.approx(np.mean(per) - half) and row["hi"] == pytest.approx(np.mean(per) + half)
+    assert row["lo"] == pytest.approx(max(0, np.mean(per) - half))      # shares: interval clipped to [0, 1]
+    assert row["hi"] == pytest.approx(min(1, np.mean(per) + half))
     z = run["z"].values.astype(np.float64)[:, :, :, S_BUF:]
     ratios = [np.mean([((z[i, s, 0] - z[i, s - 1, 0]) ** 2).mean() for s in range(1, STEPS)])
               / np.mean([(((z[i, s, 0] - z[i, s, 1]) - (z[i, s - 1, 0] - z[i, s - 1, 1])) ** 2).mean()
@@ -281,7 +282,8 @@ def test_run_summary_reports_what_the_store_lacks(run_np):
     assert "mar-probe record --vars attn_gen" in skipped["overlap"]
     assert set(table["section"]) == {"stability", "cfg"}
     _, skipped = A.run_summary(run, layer=7, k=2)
-    assert skipped["selection"] == "layer [7] not in the store; it has layer [0, 1, 2]"
+    assert skipped["selection"] == ("layer [7] not in the store; it has layer [0, 1, 2] (a store holds the layers "
+                                    "chosen by `mar-probe record --layers`)")
 
 
 def test_combine_runs_pools_samples_and_checks_steps():
@@ -309,6 +311,8 @@ def test_aggregate_t_and_bootstrap():
     half = stats.t.ppf(0.975, 3) * np.std([1, 2, 3, 4], ddof=1) / 2
     assert t["mean"].values[0] == 2.5 and t["hi"].values[0] == pytest.approx(2.5 + half)
     assert t["n"].values.tolist() == [4, 3] and t["lo"].values[1] == pytest.approx(5)
+    clipped = A.aggregate(x, bounds=(2.0, 3.0))
+    assert clipped["lo"].values[0] == 2.0 and clipped["hi"].values[0] == 3.0 and clipped["mean"].values[0] == 2.5
     b = A.aggregate(x, method="bootstrap", n_boot=200)
     assert 1 <= b["lo"].values[0] <= 2.5 <= b["hi"].values[0] <= 4
 

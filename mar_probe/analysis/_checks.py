@@ -4,6 +4,7 @@ from __future__ import annotations
 import xarray as xr
 
 RECORD_HINT = "`mar-probe record --vars {vars}`"
+RECORD_FLAGS = {"layer": "--layers", "step": "--steps", "branch": "--branches", "sample": "--samples"}
 
 
 def require(ds: xr.Dataset, *names: str) -> None:
@@ -40,7 +41,9 @@ def check_values(obj, dim: str, values) -> None:
     have = [v.item() if hasattr(v, "item") else v for v in obj[dim].values]
     bad = [w for w in wanted if w not in have]
     if bad:
-        raise ValueError(f"{dim} {bad!r} not in the store; it has {dim} {have!r}")
+        flag = RECORD_FLAGS.get(dim)
+        hint = f" (a store holds the {dim}s chosen by `mar-probe record {flag}`)" if flag else ""
+        raise ValueError(f"{dim} {bad!r} not in the store; it has {dim} {have!r}{hint}")
 
 
 def feature_dims(x: xr.DataArray, dims=None) -> tuple[str, ...]:

@@ -18,6 +18,12 @@ def _check_same(datasets, dim: str) -> None:
                              f"{first[dim].values.tolist()!r}; expected the same {dim}s in every run")
 
 
+def _tag(ds: xr.Dataset, i: int) -> xr.Dataset:
+    n = ds.sizes["sample"]
+    return ds.assign_coords(sample_in_run=("sample", ds["sample"].values), run=("sample", np.full(n, i)),
+                            run_seed=("sample", np.full(n, int(ds.attrs.get("seed", -1))))).drop_vars("sample")
+
+
 def combine_runs(datasets, names=None) -> xr.Dataset:
     """Concatenate runs along ``sample`` so that statistics pool their samples (and seeds).
 
@@ -46,9 +52,7 @@ def combine_runs(datasets, names=None) -> xr.Dataset:
     have = [sorted(map(str, ds.data_vars)) for ds in datasets]
     if any(h != have[0] for h in have):
         raise ValueError(f"runs hold different variables {have!r}; expected the same selection in every run")
-    parts = [ds.assign_coords(sample_in_run=("sample", ds["sample"].values), run=("sample", np.full(ds.sizes["sample"], i)),
-                              run_seed=("sample", np.full(ds.sizes["sample"], int(ds.attrs.get("seed", -1)))))
-             .drop_vars("sample") for i, ds in enumerate(datasets)]
+    parts = [_tag(ds, i) for i, ds in enumerate(datasets)]
     out = xr.concat(parts, dim="sample", data_vars="minimal", coords="minimal", compat="override", join="exact",
                     combine_attrs="drop_conflicts")
     out = out.assign_coords(sample=np.arange(out.sizes["sample"]))

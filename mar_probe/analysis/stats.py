@@ -25,7 +25,7 @@ def _bootstrap(x: xr.DataArray, dim: str, level: float, n_boot: int, seed: int):
 
 
 def aggregate(x: xr.DataArray, dim: str = "sample", level: float = 0.95, method: str = "t",
-              n_boot: int = 1000, seed: int = 0) -> xr.Dataset:
+              n_boot: int = 1000, seed: int = 0, bounds: tuple[float, float] | None = None) -> xr.Dataset:
     """Mean over ``dim`` with a confidence interval (computes ``x``; pass an already reduced summary).
 
     Parameters
@@ -40,6 +40,8 @@ def aggregate(x: xr.DataArray, dim: str = "sample", level: float = 0.95, method:
         Student-t interval or percentile bootstrap of the mean.
     n_boot, seed : int
         Bootstrap resamples and their seed.
+    bounds : (float, float), optional
+        The range the quantity lives in (e.g. (0, 1) for shares and precisions); the interval is clipped to it.
 
     Returns
     -------
@@ -58,5 +60,7 @@ def aggregate(x: xr.DataArray, dim: str = "sample", level: float = 0.95, method:
         lo, hi = lo.assign_coords(mean.coords), hi.assign_coords(mean.coords)
     else:
         raise ValueError(f"method must be 't' or 'bootstrap', got {method!r}")
+    if bounds is not None:
+        lo, hi = lo.clip(*bounds), hi.clip(*bounds)
     return xr.Dataset({"mean": mean, "lo": lo, "hi": hi, "n": x.notnull().sum(dim)}).assign_attrs(
         level=level, method=method, dim=dim)

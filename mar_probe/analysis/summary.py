@@ -11,7 +11,8 @@
 * ``overlap``: top-K attention overlap of each layer with ``layer`` (MARché reports 66.8% for its Layer 2).
 
 Every value is first reduced per sample (pooled over steps and tokens), then averaged over samples with a
-t-interval (:func:`~mar_probe.analysis.aggregate`); seeds are a coordinate of ``sample``.
+t-interval (:func:`~mar_probe.analysis.aggregate`), clipped to the quantity's range (proportions to [0, 1]);
+seeds are a coordinate of ``sample``.
 """
 from __future__ import annotations
 
@@ -119,6 +120,15 @@ def _present(ds, variables) -> list[str]:
     return found
 
 
+def _bounds(quantity: str) -> tuple[float, float] | None:
+    """The range of a quantity, to clip its t-interval: proportions in [0, 1], cosines in [-1, 1]."""
+    if quantity.startswith(("share", "precision", "recall", "topk_overlap")):
+        return (0.0, 1.0)
+    if quantity == "mean_cos":
+        return (-1.0, 1.0)
+    return (0.0, np.inf) if quantity.startswith(("mse", "ratio")) else None
+
+
 def _rows(key, agg: xr.Dataset) -> pd.DataFrame:
     section, quantity, var, selector = key
     agg = agg.drop_vars([c for c in agg.coords if c not in agg.dims])
@@ -169,7 +179,8 @@ def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = N
     keys = list(parts)
     with dask.config.set(scheduler=scheduler):
         values = dask.compute(*[parts[key] for key in keys])
-    frames = [_rows(key, aggregate(v, "sample", level=level)) for key, v in zip(keys, values)]
+    frames = [_rows(key, aggregate(v, "sample", level=level, bounds=_bounds(key[1])))
+              for key, v in zip(keys, values)]
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
     table.attrs.update(level=level, layer=layer, k=k, threshold=threshold, samples=int(ds.sizes["sample"]))
     return table, skipped

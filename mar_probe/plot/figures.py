@@ -13,7 +13,7 @@ import xarray as xr
 
 from .. import analysis as A
 
-CI_NOTE = "shaded: 95% CI over samples"
+CI_NOTE = "shaded: 95% CI over samples (t-interval, clipped to the valid range)"
 
 
 def _axes(ax, figsize=(6.4, 4.2)):
@@ -57,7 +57,7 @@ def lazymar_fig1_data(ds: xr.Dataset, var: str = "dec_resid_post", branch: str =
     A.require(ds, var)
     cos = A.cosine_stability(ds[var].sel(branch=branch, drop=True))
     summ = A.summarize_stability(cos, A.token_categories(ds), dim=("token", "layer"))
-    df = _agg_frame(_computed(summ["mean"]))
+    df = _agg_frame(_computed(summ["mean"]), bounds=(-1, 1))
     return df.assign(var=var, series=df["category"]).dropna(subset=["mean"])
 
 
@@ -82,9 +82,10 @@ def lazymar_fig2_data(ds: xr.Dataset, var: str = "z") -> pd.DataFrame:
     step-averaged residual MSE (the figure's title).
     """
     mse = _computed(A.cfg_residual_mse(ds, var=var))
-    parts = [_agg_frame(mse[q]).assign(quantity=q) for q in ("cond", "uncond", "residual", "ratio_cond")]
+    pos = (0, np.inf)
+    parts = [_agg_frame(mse[q], bounds=pos).assign(quantity=q) for q in ("cond", "uncond", "residual", "ratio_cond")]
     mean = mse[["cond", "residual"]].mean("step", skipna=True)
-    parts.append(_agg_frame(mean["cond"] / mean["residual"]).assign(quantity="ratio_cond_overall"))
+    parts.append(_agg_frame(mean["cond"] / mean["residual"], bounds=pos).assign(quantity="ratio_cond_overall"))
     df = pd.concat(parts, ignore_index=True)
     return df.assign(series=df["quantity"], var=var)
 
@@ -135,7 +136,7 @@ def cosine_map_data(ds: xr.Dataset, var: str = "dec_k", pairs=((4, 5),), layers=
         pair = x.sel(step=[s0, s1], layer=list(layers)).assign_coords(step=[0, s1 - s0])
         cos = _computed(A.cosine_stability(pair, lag=s1 - s0).isel(step=0, drop=True))  # [sample, layer, token]
         img = cos.sel(token=cos["row"] >= 0)
-        share = _agg_frame((img > threshold).where(img.notnull()).mean("token"))
+        share = _agg_frame((img > threshold).where(img.notnull()).mean("token"), bounds=(0, 1))
         share = share.rename(columns={c: f"share_{c}" for c in ("mean", "lo", "hi", "n")})
         one = img.isel(sample=0) if sample is None else img.sel(sample=sample)
         df = one.drop_vars([c for c in one.coords if c not in ("layer", "token", "row", "col")]).rename("cos")
@@ -222,7 +223,7 @@ def marche_fig12_data(ds: xr.Dataset, k: int | None = None, ref_layer: int = 1) 
     A.require(ds, "attn_gen")
     k = k or _default_k(ds)
     ov = _computed(A.topk_overlap_layers(ds, k=k, ref_layer=ref_layer))
-    df = _agg_frame(ov)
+    df = _agg_frame(ov, bounds=(0, 1))
     return df.assign(k=k, ref_layer=ref_layer, series=[f"layer {v}" for v in df["layer"]])
 
 
@@ -266,9 +267,9 @@ def selection_vs_drift_data(ds: xr.Dataset, var: str = "dec_k", layer: int = 1, 
     out = {name: A.selection_vs_drift(sel, later, cats, k=k)[["precision", "random_precision"]].mean("step")
            for name, sel in selectors.items()}
     out = _computed(xr.concat(list(out.values()), dim=pd.Index(list(out), name="selector")))
-    df = _agg_frame(out["precision"])
+    df = _agg_frame(out["precision"], bounds=(0, 1))
     df["series"] = df["selector"] + " vs drift@layer " + df["layer"].astype(str)
-    rnd = _agg_frame(out["random_precision"].isel(selector=0, layer=0, drop=True))
+    rnd = _agg_frame(out["random_precision"].isel(selector=0, layer=0, drop=True), bounds=(0, 1))
     rnd = rnd.assign(selector="random", layer=np.nan, series="random (K/N)")
     return pd.concat([df, rnd], ignore_index=True).assign(var=var, metric="precision")
 
