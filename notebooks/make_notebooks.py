@@ -372,8 +372,8 @@ NB06 = [
     import torch
 
     ROOT = Path(os.environ.get("MAR_PROBE_ROOT", Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()))
-    PRESET = os.environ.get("MAR_PRESET", "mar_base")
-    CHECKPOINT = Path(os.environ.get("MAR_CHECKPOINT", ROOT / f"pretrained_models/mar/{PRESET}/checkpoint-last.pth"))
+    PRESET = os.environ.get("MAR_PRESET", "mar_base")     # "": the architecture stored in the checkpoint
+    CHECKPOINT = Path(os.environ.get("MAR_CHECKPOINT", ROOT / f"pretrained_models/mar/{PRESET or 'mar_base'}/checkpoint-last.pth"))
     VAE = Path(os.environ.get("MAR_VAE", ROOT / "pretrained_models/vae/kl16.ckpt"))
     DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
     READY = CHECKPOINT.is_file()
@@ -385,7 +385,7 @@ NB06 = [
         print(f"checkpoint {CHECKPOINT} ({PRESET}) on {DEVICE}; VAE: {VAE if VAE.is_file() else 'absent (tokens only)'}")"""),
     code("""
     if READY:
-        model = mar_probe.load_model(CHECKPOINT, preset=PRESET, device=DEVICE,
+        model = mar_probe.load_model(CHECKPOINT, preset=PRESET or None, device=DEVICE,
                                      num_sampling_steps=10 if FAST or DEVICE == "cpu" else None)
         vae = None
         if VAE.is_file():
@@ -395,8 +395,10 @@ NB06 = [
             print(f"no KL-16 VAE at {VAE}: images are not decoded (set MAR_VAE to decode them)")
         labels = [207, 360, 387, 974, 88, 979, 417, 279][:NUM_SAMPLES]   # MAR's demo classes
         labels = [lab % model.num_classes for lab in labels]            # (a no-op for ImageNet's 1000)
-        store = RUNS / f"06_{PRESET}.zarr"
-        spec = mar_probe.SelectionSpec(variables="dec_k,dec_v,z,z_cfg_resid,attn_gen", layers=(0, 1, 2, 3))
+        store = RUNS / f"06_{model.config.name}.zarr"
+        depth = min(model.config.encoder_depth, model.config.decoder_depth)
+        layers = tuple(sorted({0, 1, 2, 3, depth - 1} & set(range(depth))))   # MARché's layer 2, LazyMAR's 4, the last
+        spec = mar_probe.SelectionSpec(variables="dec_k,dec_v,z,z_cfg_resid,attn_gen", layers=layers)
         mar_probe.record(model, labels, store, spec, num_iter=NUM_ITER, cfg=3.0, seed=0, vae=vae,
                          overwrite=True, progress=True)
         ds = mar_probe.open_run(store)

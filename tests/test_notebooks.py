@@ -73,16 +73,17 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
 
 
 def test_imagenet_notebook_study_on_a_tiny_latent_checkpoint(tmp_path, monkeypatch):
-    """06's study path, with a random mar_tiny_latent checkpoint standing in for MAR-B (no VAE: tokens only)."""
+    """06's study path, with a random 3+3-block latent MAR standing in for MAR-B (no VAE: tokens only)."""
     import torch
 
     import mar_probe
     torch.manual_seed(0)
-    model = mar_probe.create_model("mar_tiny_latent")
+    model = mar_probe.create_model("mar_tiny_latent", name="tiny3", encoder_depth=3, decoder_depth=3)
     ckpt = tmp_path / "tiny.pth"
-    torch.save({"model_ema": model.state_dict()}, ckpt)
-    nb = _execute(NB_DIR / "06_imagenet_models.ipynb", tmp_path, monkeypatch, MAR_CHECKPOINT=str(ckpt),
-                  MAR_PRESET="mar_tiny_latent")
+    torch.save({"model_ema": model.state_dict(), "mar_probe_config": model.config.to_dict()}, ckpt)
+    nb = _execute(NB_DIR / "06_imagenet_models.ipynb", tmp_path, monkeypatch, MAR_CHECKPOINT=str(ckpt), MAR_PRESET="")
     text = _text(nb)
     assert "SKIPPED" not in text and "absent (tokens only)" in text and "more stable than cond" in text
-    assert (tmp_path / "runs" / "06_mar_tiny_latent.zarr").is_dir()
+    assert (tmp_path / "runs" / "06_tiny3.zarr").is_dir()
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})  # the explorer on latent tokens
+               for c in nb.cells for o in c.get("outputs", []))
