@@ -268,6 +268,11 @@ def test_run_summary_matches_numpy(run_np):
                          for s in range(1, STEPS)]) for i in range(3)]
     got = table[table["quantity"] == "ratio_cond/residual"].iloc[0]
     assert got["mean"] == pytest.approx(np.mean(ratios), rel=1e-5)
+    medians = [np.median([((z[i, s, 0] - z[i, s - 1, 0]) ** 2).mean()
+                          / (((z[i, s, 0] - z[i, s, 1]) - (z[i, s - 1, 0] - z[i, s - 1, 1])) ** 2).mean()
+                          for s in range(1, STEPS)]) for i in range(3)]
+    got = table[table["quantity"] == "median_step_ratio_cond/residual"].iloc[0]
+    assert got["mean"] == pytest.approx(np.mean(medians), rel=1e-5)
     sel = table[(table["section"] == "selection") & (table["quantity"] == "precision_topk_drift")]
     assert set(sel["selector"]) == {"attention@layer1", "lazymar_vcos@layer1", "random"}
     assert set(sel["layer"]) == {2} and (sel["n"] == 3).all()
@@ -376,7 +381,8 @@ def test_figures_command_writes_png_csv_and_reports_skips(tiny_store, tmp_path, 
     html = (out / "index.html").read_text()
     assert "<img src='selection_vs_drift.png'" in html and "MARché Fig. 12" in html
     fig2 = pd.read_csv(out / "lazymar_fig2.csv")
-    assert set(fig2["quantity"]) == {"cond", "uncond", "residual", "ratio_cond", "ratio_cond_overall"}
+    assert set(fig2["quantity"]) == {"cond", "uncond", "residual", "ratio_cond", "ratio_cond_overall",
+                                     "ratio_cond_median_step"}
     assert (fig2["n"] == 2).all()
 
 
@@ -411,7 +417,7 @@ def test_csv_holds_exactly_the_plotted_lines(run, name, x):
     axes = [ax] + [a for a in ax.figure.axes if a is not ax and a.bbox.bounds == ax.bbox.bounds]
     lines = {k: v for a in axes for k, v in _lines(a).items() if k in set(data["series"])}
     plotted = data[data["series"].isin(lines)]
-    assert set(lines) == set(data["series"].dropna()) - {"ratio_cond_overall"}
+    assert set(lines) == set(data["series"].dropna()) - {"ratio_cond_overall", "ratio_cond_median_step"}
     for series, g in plotted.groupby("series"):
         g = g.sort_values(x)
         np.testing.assert_allclose(lines[series].get_xdata(), g[x])
@@ -420,8 +426,9 @@ def test_csv_holds_exactly_the_plotted_lines(run, name, x):
     bands = sum(len(a.collections) for a in axes)
     assert bands == len(lines)
     if name == "lazymar_fig2":
-        o = data[data["series"] == "ratio_cond_overall"].iloc[0]
-        assert f"{o['mean']:.1f}x [{o['lo']:.1f}, {o['hi']:.1f}]" in ax.get_title()
+        for q in ("ratio_cond_overall", "ratio_cond_median_step"):
+            o = data[data["series"] == q].iloc[0]
+            assert f"{o['mean']:.1f}x [{o['lo']:.1f}, {o['hi']:.1f}]" in ax.get_title()
     plt.close(ax.figure)
 
 
