@@ -16,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 
 SETUP = '''\
 import os
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -25,12 +26,14 @@ import mar_probe
 import mar_probe.analysis as A  # also registers the ds.probe accessor
 from mar_probe.plot import figures
 
-FAST = os.environ.get("MAR_PROBE_FAST") == "1"         # the test suite sets it: tiny runs, seconds
-NUM_ITER = 8 if FAST else {num_iter}                      # MAR decoding steps
-NUM_SAMPLES = 2 if FAST else {num_samples}                # images recorded
-HEAD_STEPS = 10 if FAST else None                         # diffusion-head steps (None: the model's own, 50)
-RUNS = Path(os.environ.get("MAR_PROBE_RUNS", "runs"))   # stores are written here (ignored by git)
+FAST = os.environ.get("MAR_PROBE_FAST") == "1"  # the test suite sets it: tiny runs, seconds
+NUM_ITER = 8 if FAST else {num_iter}  # MAR decoding steps
+NUM_SAMPLES = 2 if FAST else {num_samples}  # images recorded
+HEAD_STEPS = 10 if FAST else None  # diffusion-head steps (None: the model's own, 50)
+RUNS = Path(os.environ.get("MAR_PROBE_RUNS", "runs"))  # stores are written here (ignored by git)
 RUNS.mkdir(parents=True, exist_ok=True)
+# per-category means over empty categories (e.g. t-1 at step 0) are NaN by design; don't warn about them
+warnings.filterwarnings("ignore", "invalid value encountered in divide", RuntimeWarning)
 print(f"FAST={{FAST}}: {{NUM_SAMPLES}} samples x {{NUM_ITER}} steps; stores in {{RUNS.resolve()}}")'''
 
 
