@@ -433,22 +433,21 @@ def _add_study(p):
     p.add_argument("--temperature", type=float, help="diffusion temperature (default: the checkpoint's, else 1.0)")
     p.add_argument("--format", default="png", help="figure formats, e.g. png,pdf (default: png)")
     p.add_argument("--overwrite", action="store_true", help="replace existing stores instead of reusing them")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1; the small model's ops are "
+                   "too small to gain from more, and on a shared machine spinning threads cost several times more)")
 
 
 def _cmd_study(args) -> int:
-    from .analysis import headlines
-    from .models.checkpoints import DEFAULT_CHECKPOINT
-    from .probe.spec import parse_index_list
-    from .study import StudyConfig, run_study
     import torch
-    torch.manual_seed(0)  # random-weight presets: the same weights on every call, so complete stores are reused
-    model = build_model(args)
-    config = StudyConfig(out=args.out, samples_per_seed=args.samples_per_seed,
-                         seeds=parse_index_list(args.seeds, "--seeds"), num_iter=args.num_iter, cfg=args.cfg,
-                         temperature=args.temperature, formats=tuple(args.format.split(",")),
-                         overwrite=args.overwrite)
-    checkpoint = None if args.model and not args.checkpoint else (args.checkpoint or DEFAULT_CHECKPOINT)
-    res = run_study(config, model, checkpoint=checkpoint)
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        res = _study(args)
+    finally:
+        torch.set_num_threads(threads)
+    from .analysis import headlines
     for line in headlines(res.summary):
         print(f"* {line}")
     for name, why in {**res.skipped, **res.summary_skipped}.items():
@@ -457,6 +456,21 @@ def _cmd_study(args) -> int:
           f"{res.out / 'summary.txt'}; stores {', '.join(str(s) for s in res.stores)}; "
           + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
     return 0
+
+
+def _study(args):
+    import torch
+    from .models.checkpoints import DEFAULT_CHECKPOINT
+    from .probe.spec import parse_index_list
+    from .study import StudyConfig, run_study
+    torch.manual_seed(0)  # random-weight presets: the same weights on every call, so complete stores are reused
+    model = build_model(args)
+    config = StudyConfig(out=args.out, samples_per_seed=args.samples_per_seed,
+                         seeds=parse_index_list(args.seeds, "--seeds"), num_iter=args.num_iter, cfg=args.cfg,
+                         temperature=args.temperature, formats=tuple(args.format.split(",")),
+                         overwrite=args.overwrite)
+    checkpoint = None if args.model and not args.checkpoint else (args.checkpoint or DEFAULT_CHECKPOINT)
+    return run_study(config, model, checkpoint=checkpoint)
 
 
 SUBCOMMANDS = {
