@@ -35,7 +35,18 @@ def _run(model, strategy, **kw):
 
 
 # ---- cache-aware attention --------------------------------------------------------------------------------
-def test_cache_aware_attention_equals_full_attention():
+@pytest.fixture(params=["fused", "explicit"])
+def attention_path(request, monkeypatch):
+    """Run a test with the fused CPU kernel for the partial attentions and with the explicit form."""
+    from mar_probe.strategies import attention
+    if request.param == "explicit":
+        monkeypatch.setattr(attention, "_FUSED_CPU", None)
+    elif attention._FUSED_CPU is None:
+        pytest.skip("this PyTorch has no fused CPU flash-attention kernel")
+    return request.param
+
+
+def test_cache_aware_attention_equals_full_attention(attention_path):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 12, 8, generator=g) * 3 for _ in range(3))
     perm = torch.randperm(12, generator=g)
@@ -47,7 +58,7 @@ def test_cache_aware_attention_equals_full_attention():
     assert (alone - explicit_attention(q, k, v)).abs().max() < 1e-5
 
 
-def test_cache_aware_attention_is_safe_for_large_scores():
+def test_cache_aware_attention_is_safe_for_large_scores(attention_path):
     """Scores in the hundreds overflow a naive float32 exp; the log-sum-exp merge must stay finite and correct.
 
     Scores of size s carry a float32 rounding error of about s * 6e-8 before any softmax, so the comparison with a
@@ -63,7 +74,7 @@ def test_cache_aware_attention_is_safe_for_large_scores():
     assert (out.double() - ref).abs().max() < 1e-4
 
 
-def test_active_rows_with_fresh_cache_equal_full_block(deep_tiny):
+def test_active_rows_with_fresh_cache_equal_full_block(deep_tiny, attention_path):
     block = deep_tiny.decoder_blocks[2]
     x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(2))
     ref, k, v = full_block(block, x)
@@ -288,3 +299,32 @@ def test_cli_generate_with_strategy_writes_cost_json(tmp_path, capsys):
     assert cli.main(bad_name) == 2
     err = capsys.readouterr().err
     assert "unknown strategy 'lazy-mar'" in err and "'lazymar'" in err and "refresh_interval: int = 9" in err
+
+
+def test_kv_cache_and_row_helpers_equal_dense_indexing():
+    """Position-major KVCache and the row helpers against plain per-row indexing, including b < B rows."""
+    from mar_probe.strategies.layers import KVCache, scatter_rows
+    g = torch.Generator().manual_seed(7)
+    k, v = torch.randn(2, 3, 10, 4, generator=g), torch.randn(2, 3, 10, 4, generator=g)
+    cache = KVCache()
+    cache.store(0, k, v, None, 10)
+    pos = torch.tensor([[1, 4, 9], [0, 2, 3]])
+    kc, vc = cache.fetch(0, pos)
+    for b in range(2):
+        assert torch.equal(kc[b], k[b][:, pos[b]]) and torch.equal(vc[b], v[b][:, pos[b]])
+    new_k, new_v = torch.randn(1, 3, 3, 4, generator=g), torch.randn(1, 3, 3, 4, generator=g)
+    cache.store(0, new_k, new_v, pos[:1], 10)                              # conditional row only
+    assert torch.equal(cache.k[0][0][:, pos[0]], new_k[0]) and torch.equal(cache.v[0][1], v[1])
+    assert torch.equal(cache.fetch(0, pos[1:])[0][0], k[0][:, pos[1]])                # the first row: b = 1
+    x = torch.randn(2, 10, 5, generator=g)
+    assert torch.equal(gather_rows(x, pos[1:])[0], x[0, pos[1]])
+    y = x.clone()
+    src = torch.randn(2, 3, 5, generator=g)
+    scatter_rows(y, pos, src)
+    for b in range(2):
+        assert torch.equal(y[b, pos[b]], src[b])
+        keep = [i for i in range(10) if i not in pos[b].tolist()]
+        assert torch.equal(y[b, keep], x[b, keep])
+    fresh = KVCache()
+    fresh.store(3, new_k, new_v, pos[:1], 10)                              # sparse store into an empty cache
+    assert fresh.k[3].shape == (1, 3, 10, 4) and torch.equal(fresh.fetch(3, pos[:1])[1], new_v)

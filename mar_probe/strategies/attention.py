@@ -7,11 +7,17 @@ partial attentions, each normalised on its own and returned with its log-sum-exp
     out = exp(lse_A - lse) * out_A + exp(lse_C - lse) * out_C
 
 which is the safe online softmax of FlashAttention / MARché: no score is exponentiated without subtracting a maximum,
-so the result equals softmax attention over the union of the two key sets up to float rounding.
+so the result equals softmax attention over the union of the two key sets up to float rounding. On the CPU each
+partial runs in PyTorch's fused flash-attention kernel, which returns the log-sum-exp with the output.
 """
 from __future__ import annotations
 
 import torch
+
+
+# PyTorch's fused CPU flash-attention kernel returns the log-sum-exp beside the output (one multi-threaded pass,
+# safe online softmax); elsewhere the explicit form below is used.
+_FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
@@ -33,6 +39,9 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     """
     if k.shape[-2] == 0:
         return q.new_zeros(q.shape[:-1] + (v.shape[-1],)), q.new_full(q.shape[:-1] + (1,), float("-inf"))
+    if _FUSED_CPU is not None and q.device.type == "cpu" and q.dtype == torch.float32 and not q.requires_grad:
+        out, lse = _FUSED_CPU(q, k, v, 0.0, False, attn_mask=None, scale=scale)   # lse [B, H, Nq]
+        return out, lse.unsqueeze(-1)
     scores = (q @ k.transpose(-2, -1)) * scale              # [B, H, Nq, Nk]
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)     # [B, H, Nq, 1]
     return torch.exp(scores - lse) @ v, lse
