@@ -139,6 +139,46 @@ def drive(dt: DevTools, url: str, size, steps, floor, timeout: float) -> bytes:
     return base64.b64decode(shot["data"])
 
 
+def write_notebook(folder: Path, store: Path) -> None:
+    """The two-cell notebook that opens ``store`` and displays the explorer."""
+    nb = nbformat.v4.new_notebook(cells=[c.copy() for c in NOTEBOOK])
+    nb.cells[1].source = nb.cells[1].source.format(store=str(store))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / "explorer.ipynb")
+
+
+def stop(*procs) -> None:
+    """Terminate the processes this script started (then kill those that do not exit)."""
+    for proc in procs:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def screenshot(store: Path, size, steps, floor, timeout: float) -> bytes:
+    """Start JupyterLab and Chromium in a scratch folder, drive them, stop them, return the PNG."""
+    with tempfile.TemporaryDirectory(prefix="mar_probe_shot_") as tmp:
+        tmp = Path(tmp)
+        write_notebook(tmp / "lab", store)
+        lab_port, cdp_port = free_port(), free_port()
+        with open(tmp / "lab.log", "wb") as lab_log, open(tmp / "chromium.log", "wb") as cr_log:
+            lab, chromium = start_lab(tmp / "lab", lab_port, tmp / "settings", lab_log), None
+            try:
+                wait_http(f"http://127.0.0.1:{lab_port}/api", timeout)
+                chromium = start_chromium(cdp_port, size, tmp / "profile", cr_log)
+                dt = DevTools(cdp_port, timeout)
+                return drive(dt, f"http://127.0.0.1:{lab_port}/lab/tree/explorer.ipynb", size, steps, floor, timeout)
+            except Exception:
+                sys.stderr.write((tmp / "lab.log").read_text(errors="replace")[-3000:])
+                raise
+            finally:
+                stop(chromium, lab)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("store", help="a run store written by `mar-probe record` (with dec_k)")
@@ -153,34 +193,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"store {str(store)!r} not found; record one first (see this script's docstring)")
     size = tuple(int(v) for v in args.size.split(","))
     steps = tuple(int(v) for v in args.steps.split(",")) if args.steps else None
-    with tempfile.TemporaryDirectory(prefix="mar_probe_shot_") as tmp:
-        tmp = Path(tmp)
-        (tmp / "lab").mkdir()
-        nb = nbformat.v4.new_notebook(cells=[c.copy() for c in NOTEBOOK])
-        nb.cells[1].source = nb.cells[1].source.format(store=str(store))
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nbformat.write(nb, tmp / "lab" / "explorer.ipynb")
-        lab_port, cdp_port = free_port(), free_port()
-        with open(tmp / "lab.log", "wb") as lab_log, open(tmp / "chromium.log", "wb") as cr_log:
-            lab = start_lab(tmp / "lab", lab_port, tmp / "settings", lab_log)
-            chromium = None
-            try:
-                wait_http(f"http://127.0.0.1:{lab_port}/api", args.timeout)
-                chromium = start_chromium(cdp_port, size, tmp / "profile", cr_log)
-                dt = DevTools(cdp_port, args.timeout)
-                png = drive(dt, f"http://127.0.0.1:{lab_port}/lab/tree/explorer.ipynb", size, steps, args.floor,
-                            args.timeout)
-            except Exception:
-                sys.stderr.write((tmp / "lab.log").read_text(errors="replace")[-3000:])
-                raise
-            finally:
-                for proc in (chromium, lab):
-                    if proc is not None:
-                        proc.terminate()
-                        try:
-                            proc.wait(30)
-                        except subprocess.TimeoutExpired:
-                            proc.kill()
+    png = screenshot(store, size, steps, args.floor, args.timeout)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(png)

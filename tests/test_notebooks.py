@@ -27,7 +27,8 @@ def test_notebook_stored_without_outputs(path):
              if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
     assert not dirty, (f"{path.name}: cells {dirty!r} have outputs or execution counts; clear them "
                        "(JupyterLab: Edit > Clear Outputs of All Cells) or rerun notebooks/make_notebooks.py")
-    assert "widgets" not in nb.metadata, f"{path.name} stores widget state; save it without (Settings > Save Widget State)"
+    assert "widgets" not in nb.metadata, (f"{path.name} stores widget state; save it without "
+                                          "(Settings > Save Widget State)")
 
 
 def _execute(path, tmp_path, monkeypatch, **env):

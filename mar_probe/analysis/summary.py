@@ -22,7 +22,7 @@ import pandas as pd
 import xarray as xr
 
 from ._checks import check_values, require
-from .categories import CATEGORIES, token_categories
+from .categories import token_categories
 from .cfg import cfg_residual_mse
 from .overlap import topk_overlap_layers
 from .selection import attention_selector, lazymar_selector, selection_vs_drift

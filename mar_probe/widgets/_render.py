@@ -4,6 +4,16 @@ from __future__ import annotations
 import io
 
 
+def ipywidgets():
+    """The ipywidgets module, or an ImportError saying how to install it."""
+    try:
+        import ipywidgets as W
+    except ImportError as exc:
+        raise ImportError("mar_probe.widgets needs ipywidgets; install the notebook extra: "
+                          "pip install -e '.[notebooks]' (or pip install ipywidgets)") from exc
+    return W
+
+
 def blank_figure(figsize):
     """A pyplot-free figure (never shown by ``plt.show``, never kept in pyplot's registry), Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._render import blank_figure, png_bytes, show_image
+from ._render import blank_figure, ipywidgets, png_bytes, show_image
 from .results import FIDELITY_HINTS, SPEED_HINTS, StrategyEntry, load_results, pick_metric
 
 
@@ -37,7 +37,7 @@ class StrategyComparison:
         self.update()
 
     def _build_controls(self, speed: str, fidelity: str) -> dict:
-        import ipywidgets as W
+        W = ipywidgets()
         for what, value in (("speed", speed), ("fidelity", fidelity)):
             if value not in self.metric_names:
                 raise ValueError(f"unknown {what} metric {value!r}; expected one of {self.metric_names!r}")
@@ -64,7 +64,7 @@ class StrategyComparison:
         self._labels = []
 
     def _build_widget(self) -> None:
-        import ipywidgets as W
+        W = ipywidgets()
         self.image = W.Image(format="png", layout=W.Layout(max_width="900px"))
         self.table = W.HTML()
         box = W.VBox([self.controls[k] for k in ("sample", "speed", "fidelity")] + [self.table],

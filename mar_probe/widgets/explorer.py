@@ -7,7 +7,7 @@ import numpy as np
 import xarray as xr
 
 from . import frames as F
-from ._render import new_figure, png_bytes, show_image
+from ._render import ipywidgets, new_figure, png_bytes, show_image
 
 GENERATING_RGBA = (1.0, 0.15, 0.1, 0.5)
 MASKED_RGBA = (0.3, 0.5, 1.0, 0.3)
@@ -18,7 +18,8 @@ def _open(ds):
         from ..store import open_run
         return open_run(ds)
     if not isinstance(ds, xr.Dataset):
-        raise TypeError(f"expected an xarray.Dataset from mar_probe.open_run or a store path, got {type(ds).__name__!r}")
+        raise TypeError(f"expected an xarray.Dataset from mar_probe.open_run or a store path, "
+                        f"got {type(ds).__name__!r}")
     return ds
 
 
@@ -73,7 +74,7 @@ class Explorer:
 
     # ---- construction -----------------------------------------------------------------------------
     def _build_controls(self, var: str, sample) -> dict:
-        import ipywidgets as W
+        W = ipywidgets()
         if var not in self.variables:
             raise ValueError(f"unknown variable {var!r}; expected one of {self.variables!r}")
         samples = [int(s) for s in self.ds["sample"].values]
@@ -112,7 +113,7 @@ class Explorer:
         self.overlay_artist = self.ax_img.imshow(np.zeros(first.shape[:2] + (4,)), interpolation="nearest")
 
     def _build_widget(self) -> None:
-        import ipywidgets as W
+        W = ipywidgets()
         self.image = W.Image(format="png", layout=W.Layout(max_width="820px"))
         self.status = W.HTML()
         box = W.VBox([self.controls[k] for k in ("var", "layer", "steps", "branch", "sample", "floor")]
