@@ -13,18 +13,6 @@ LABELS = [1, 7]
 
 
 @pytest.fixture(scope="module")
-def deep_tiny():
-    """mar_tiny with enough layers for every cache (encoder 4, decoder 5, head 5) and non-trivial weights."""
-    torch.manual_seed(0)
-    model = mar_probe.create_model("mar_tiny", encoder_depth=4, decoder_depth=5, diffloss_d=5).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model
-
-
-@pytest.fixture(scope="module")
 def full_result(deep_tiny):
     return mar_probe.sample(deep_tiny, LABELS, num_iter=NUM_ITER, cfg=3.0, seed=3)
 
@@ -268,6 +256,33 @@ def test_lazymar_head_cache_follows_the_released_arithmetic(deep_tiny):
         diff.set_sampling_steps(deep_tiny.config.num_sampling_steps)
     assert (ours - released).abs().max() < 1e-5
     assert (ours - plain).abs().max() > 1e-3                                  # the cache really changed the result
+
+
+def test_lazymar_batched_head_modulation_changes_rounding_only(deep_tiny):
+    """head_batch_modulation makes the cached evaluations' AdaLN modulations in one product per step: the same
+    values within float32 rounding and the same FLOP count as one product per evaluation."""
+    diff = deep_tiny.diffloss
+    diff.set_sampling_steps("30")
+    try:
+        z = torch.randn(6, 32, generator=torch.Generator().manual_seed(5))
+        heads = {}
+        for batched in (False, True):
+            lazy = strategies.create("lazymar", head_batch_modulation=batched, head_interval=5)
+            heads[batched] = _head_cache(lazy, diff)
+            out = diff.sample(z, 1.0, 3.0, generator=torch.Generator().manual_seed(6), denoise_fn=heads[batched].denoise)
+            heads[batched].out = out
+    finally:
+        diff.set_sampling_steps(deep_tiny.config.num_sampling_steps)
+    assert (heads[True].out - heads[False].out).abs().max() < 1e-5
+    assert heads[True].flops == heads[False].flops and heads[True].cached == heads[False].cached == 23
+    assert set(heads[True].tables) == {0, "final"} and not heads[False].tables   # deep_tiny: blocks 1-4 are deltas
+    assert heads[True].tables[0].shape[0] == 23                                  # one row per cached index
+
+
+def _head_cache(lazy, diff):
+    from mar_probe.strategies.lazymar import _HeadCache
+    return _HeadCache(lazy.config, diff.net, diff.gen_diffusion.num_timesteps,
+                      lambda: lazy._time_table(diff, torch.device("cpu"), None))
 
 
 def _head_cache_denoise(lazy, diff):

@@ -30,13 +30,15 @@ class ComposeConfig:
     tokens : registered strategy deciding which rows each layer computes (must implement ``hidden``).
     token_opts : its options as ``KEY=VALUE`` pairs separated by ``;`` (e.g. ``budget=32;refresh_period=4``).
     condition_cache : derive the unconditional branch between the token policy's refresh steps.
-    head_cache : LazyMAR's diffusion-head cache; ``head_interval`` is its recompute interval.
+    head_cache : LazyMAR's diffusion-head cache; ``head_interval`` is its recompute interval and
+        ``head_batch_modulation`` makes the modulations of its cached evaluations in one product per step.
     """
     tokens: str = "marche"
     token_opts: str = ""
     condition_cache: bool = True
     head_cache: bool = True
     head_interval: int = 7
+    head_batch_modulation: bool = False
 
     def __post_init__(self):
         if not isinstance(self.head_interval, int) or isinstance(self.head_interval, bool) or self.head_interval < 1:
@@ -62,7 +64,8 @@ class ComposeStrategy(Strategy):
         if type(self.tokens).hidden is Strategy.hidden:
             raise ValueError(f"compose tokens={self.config.tokens!r} does not expose its decoder hidden state; "
                              "expected a strategy implementing Strategy.hidden, such as 'marche'")
-        self.head = LazyMARStrategy(head_interval=self.config.head_interval) if self.config.head_cache else None
+        head = dict(head_interval=self.config.head_interval, head_batch_modulation=self.config.head_batch_modulation)
+        self.head = LazyMARStrategy(**head) if self.config.head_cache else None
         self.diff = None
 
     @classmethod
