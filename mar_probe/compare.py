@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from ._config import checked_fields
 from .machine import machine
 from .quality.paired import paired_fidelity, summarize
 
@@ -120,11 +121,8 @@ class CompareConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "CompareConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown CompareConfig field(s) {unknown!r}; expected a subset of {sorted(known)!r}")
-        data = dict(data, runs=tuple(StrategyRun.from_dict(r) for r in data["runs"]))
+        data = checked_fields(cls, data)
+        data["runs"] = tuple(StrategyRun.from_dict(r) for r in data["runs"])
         for key in ("labels", "seeds"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._config import checked_fields
+
 STUDY_VARIABLES = ("dec_k", "dec_v", "dec_resid_post", "z", "z_cfg_resid", "attn_gen")
 """What the figures and the summary need. With ``branches=("cond",)`` the unconditional output is
 ``z - z_cfg_resid``, so the conditional branch suffices and the store is half the size."""
@@ -79,11 +81,7 @@ class StudyConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "StudyConfig":
         """Build from :meth:`to_dict`'s output, with a clear error for unknown keys."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown StudyConfig field(s) {unknown!r}; expected a subset of {sorted(known)!r}")
-        return cls(**data)
+        return cls(**checked_fields(cls, data))
 
     def labels(self, seed_index: int, num_classes: int):
         """Class labels of the ``seed_index``-th seed's samples."""

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ._config import checked_fields
 from .models import MAR, preset_config
 from .models.checkpoints import read_checkpoint
 from .models.tokenizer import PixelTokenizer
@@ -62,7 +63,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
-        return cls(**data)
+        return cls(**checked_fields(cls, data))
 
 
 def lr_at(cfg: TrainConfig, it: int) -> float:

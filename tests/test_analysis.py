@@ -341,27 +341,15 @@ def test_bad_inputs_name_flags_and_list_what_is_there(run):
         A.category_masks(A.token_categories(run), ["nope"])
 
 
-def tiny_model(depth=3):
-    """mar_tiny with ``depth`` encoder and decoder blocks and perturbed weights (so steps differ)."""
-    import torch
-    from mar_probe import create_model
-    torch.manual_seed(0)
-    model = create_model("mar_tiny", encoder_depth=depth, decoder_depth=depth).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model
-
-
 @pytest.fixture(scope="module")
 def tiny_store(tmp_path_factory):
     """A real recorded store: mar_tiny (3+3 blocks), 2 samples x 6 steps, without dec_v (so marche_fig11 is skipped)."""
+    from conftest import perturbed_tiny
     from mar_probe.probe.record import record
     from mar_probe.probe.spec import SelectionSpec
     path = tmp_path_factory.mktemp("tiny") / "run.zarr"
     spec = SelectionSpec(variables=("dec_k", "dec_resid_post", "z", "z_cfg_resid", "attn_gen"))
-    record(tiny_model(), np.arange(2), path, spec, seed=0, num_iter=6, cfg=2.0)
+    record(perturbed_tiny(encoder_depth=3, decoder_depth=3), np.arange(2), path, spec, seed=0, num_iter=6, cfg=2.0)
     return path
 
 

@@ -51,7 +51,7 @@ def test_config_round_trip_and_validation():
         preset_config("mar_tiny", encoder_num_heads=5)
     with pytest.raises(ValueError, match="unknown tokenizer 'jpeg'"):
         preset_config("mar_tiny", tokenizer="jpeg")
-    with pytest.raises(ValueError, match="unknown MARConfig fields \\['colour'\\]"):
+    with pytest.raises(ValueError, match=r"unknown MARConfig field\(s\) \['colour'\]"):
         MARConfig.from_dict({**cfg.to_dict(), "colour": 1})
 
 

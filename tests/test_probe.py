@@ -147,18 +147,6 @@ PARTIAL = {"lazymar": dict(warmup_steps=1, refresh_interval=4, retain_schedule=(
            "marche": dict(budget=20, refresh_period=4)}
 
 
-@pytest.fixture(scope="module")
-def deep_tiny():
-    """mar_tiny with encoder 4, decoder 5 layers (room for every cache) and non-trivial random weights."""
-    torch.manual_seed(0)
-    model = mar_probe.create_model("mar_tiny", encoder_depth=4, decoder_depth=5, diffloss_d=5).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model
-
-
 class _Used:
     """Observer of what a strategy used at each step: the K in its caches, its plan, and the head's input z."""
 

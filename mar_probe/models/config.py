@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .._config import checked_fields
+
 TOKENIZERS = ("kl16", "pixel")
 
 
@@ -80,11 +82,7 @@ class MARConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "MARConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown MARConfig fields {unknown!r}; expected a subset of {sorted(known)!r}")
-        return cls(**data)
+        return cls(**checked_fields(cls, data))
 
     def replace(self, **changes) -> "MARConfig":
         return dataclasses.replace(self, **changes)

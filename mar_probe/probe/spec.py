@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._config import checked_fields
+
 STACK_QUANTITIES = ("q", "k", "v", "resid_post", "resid_mid", "attn_out", "mlp_out")
 ACTIVATIONS = tuple(f"{s}_{q}" for s in ("enc", "dec") for q in STACK_QUANTITIES) + ("z", "z_cfg_resid", "attn_gen")
 BOOKKEEPING = ("mask", "pred", "cfg", "order", "tokens", "images")
@@ -95,11 +97,7 @@ class SelectionSpec:
     @classmethod
     def from_dict(cls, data: dict) -> "SelectionSpec":
         """Build from a dict such as :meth:`to_dict`'s, with a clear error for unknown keys."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown SelectionSpec field(s) {unknown!r}; expected a subset of {sorted(known)!r}")
-        return cls(**{k: v for k, v in data.items() if v is not None})
+        return cls(**{k: v for k, v in checked_fields(cls, data).items() if v is not None})
 
     @classmethod
     def from_file(cls, path: str | Path) -> "SelectionSpec":

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .._config import checked_fields
+
 REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 DEFAULT_CLASSIFIER_PATH = REPO_DATA_DIR / "fashion_classifier.pt"
 FILE_FORMAT = "mar_probe.fashion_classifier"
@@ -52,7 +54,7 @@ class ClassifierConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ClassifierConfig":
-        return cls(**data)
+        return cls(**checked_fields(cls, data))
 
 
 @dataclass(frozen=True, kw_only=True)
