@@ -13,7 +13,7 @@ to end, ``marche`` >= 1.6x on the transformer (encoder + decoder).
 
     python benchmarks/bench_strategies.py                       # writes results/strategies_<host>.json/.md/.png
     python benchmarks/bench_strategies.py --tiny --out /tmp/b   # smoke run: mar_tiny, a few steps
-    python benchmarks/bench_strategies.py --strategies full,marche --strategy-opt marche:budget=32
+    python benchmarks/bench_strategies.py --strategies full,marche,m32=marche --strategy-opt m32.budget=32 --tag m32
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import torch
 
 from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, sample, strategies
+from mar_probe.compare import StrategyRun, parse_runs
 from mar_probe.strategies import Timer
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -38,9 +39,9 @@ DEFAULT_STRATEGIES = "full,fewer-steps,lazymar,marche,compose"
 TARGETS = {"lazymar": ("end_to_end", 2.3), "marche": ("transformer", 1.6)}
 
 
-def run_one(model, name: str, options: dict, args) -> dict:
+def run_one(model, run: StrategyRun, args) -> dict:
     """Sample once with one strategy; seconds and FLOPs per component and their totals."""
-    strategy = strategies.create(name, **options)
+    strategy = run.create()
     clock = CLOCKS[args.clock]
     t0 = clock()
     res = sample(model, list(range(args.batch)), num_iter=args.num_iter, cfg=args.cfg, seed=args.seed,
@@ -150,25 +151,14 @@ def figure(payload: dict, path: Path) -> Path:
     return path
 
 
-def parse_strategy_opts(pairs) -> dict:
-    """``["marche:budget=32"]`` -> ``{"marche": {"budget": 32}}``."""
-    out: dict = {}
-    for pair in pairs:
-        name, sep, kv = pair.partition(":")
-        if not sep:
-            raise ValueError(f"--strategy-opt expects NAME:KEY=VALUE, got {pair!r}")
-        out.setdefault(name, {}).update(strategies.parse_options(name, [kv]))
-    return out
-
-
-def run_rounds(model, names, opts, args) -> dict:
-    """``args.rounds`` rounds over the strategies (odd rounds reversed); the runs of each strategy."""
-    runs: dict = {n: [] for n in names}
+def run_rounds(model, chosen: tuple, args) -> dict:
+    """``args.rounds`` rounds over the strategies (odd rounds reversed); the runs of each strategy by label."""
+    runs: dict = {c.label: [] for c in chosen}
     for r in range(args.rounds):
-        for n in (names if r % 2 == 0 else names[::-1]):
-            res = run_one(model, n, opts.get(n, {}), args)
-            runs[n].append(res)
-            print(f"round {r} {n}: {res['seconds']['end_to_end']:.1f} s (" + ", ".join(
+        for c in (chosen if r % 2 == 0 else chosen[::-1]):
+            res = run_one(model, c, args)
+            runs[c.label].append(res)
+            print(f"round {r} {c.label}: {res['seconds']['end_to_end']:.1f} s (" + ", ".join(
                 f"{c} {res['seconds'][c]:.1f} s / {res['flops'][c] / 1e9:.1f} GFLOPs" for c in COMPONENTS) + ")",
                 flush=True)
     return runs
@@ -177,9 +167,11 @@ def run_rounds(model, names, opts, args) -> dict:
 def main(argv=None):
     p = bench_parser(__doc__)
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
-                   help=f"comma-separated names, or 'all' for every registered one (default {DEFAULT_STRATEGIES}; "
-                        "full is always included)")
-    p.add_argument("--strategy-opt", action="append", default=[], metavar="NAME:KEY=VALUE")
+                   help=f"comma-separated NAME or LABEL=NAME, or 'all' for every registered one (default "
+                        f"{DEFAULT_STRATEGIES}; full is always included)")
+    p.add_argument("--strategy-opt", action="append", default=[], metavar="LABEL.KEY=VALUE",
+                   help="option of one strategy, repeatable (e.g. marche.budget=32)")
+    p.add_argument("--tag", default="", help="suffix of the result files (strategies_<host>_<tag>.*)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over all strategies (default 2)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time (default) or this process's CPU time (needs --threads 1; for a shared machine)")
@@ -198,25 +190,24 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     Timer.clock = staticmethod(CLOCKS[args.clock])
-    chosen = strategies.available() if args.strategies == "all" else args.strategies.split(",")
-    names = ["full"] + [n for n in chosen if n and n != "full"]
-    opts = parse_strategy_opts(args.strategy_opt)
-    for n in names:
-        strategies.create(n, **opts.get(n, {}))                     # fail early on bad names/options
+    text = ",".join(strategies.available()) if args.strategies == "all" else args.strategies
+    chosen = parse_runs(text, args.strategy_opt)                    # fails early on bad names/options
+    chosen = (StrategyRun(label="full", name="full"),) + tuple(c for c in chosen if c.label != "full")
     torch.manual_seed(0)
     model = create_model(args.preset, num_sampling_steps=args.num_sampling_steps).eval()
     before = load_average()
     sample(model, [0], num_iter=2, cfg=args.cfg, seed=0)            # warm-up (allocator, kernels)
-    runs = run_rounds(model, names, opts, args)
+    runs = run_rounds(model, chosen, args)
     results = {n: summarise(r) for n, r in runs.items()}
     ratios(results)
     settings = {k: getattr(args, k) for k in ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed",
-                                              "rounds", "clock")}
+                                              "rounds", "clock", "strategies", "strategy_opt")}
     payload = {"machine": machine(), "settings": settings, "load": {"before": before, "after": load_average()},
                "results": results}
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "") + ("_cpu" if args.clock == "cpu" else "")
+    stem = (f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "") + ("_cpu" if args.clock == "cpu" else "")
+            + (f"_{args.tag}" if args.tag else ""))
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
     (out / f"{stem}.md").write_text(markdown(payload))
     figure(payload, out / f"{stem}.png")

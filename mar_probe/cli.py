@@ -185,26 +185,8 @@ def _compare_config(args, runs, num_classes: int):
                          inception_weights=args.inception_weights, inception_reference=args.inception_reference)
 
 
-def parse_runs(text: str, opt_pairs) -> tuple:
-    """``"full,marche,oracle=marche"`` and ``["oracle.selection=oracle"]`` -> StrategyRun tuple."""
-    from .compare import StrategyRun
-    from .strategies import parse_options
-    entries = []
-    for item in (x.strip() for x in text.split(",") if x.strip()):
-        label, sep, name = item.partition("=")
-        entries.append((label, name if sep else label))
-    names = dict(entries)
-    opts: dict = {label: {} for label in names}
-    for pair in opt_pairs:
-        label, sep, kv = pair.partition(".")
-        if not sep or label not in names:
-            raise ValueError(f"--strategy-opt expects LABEL.KEY=VALUE with LABEL one of {list(names)!r}, got {pair!r}")
-        opts[label].update(parse_options(names[label], [kv]))
-    return tuple(StrategyRun(label=lab, name=names[lab], options=tuple(opts[lab].items())) for lab in names)
-
-
 def _cmd_compare(args) -> int:
-    from .compare import compare, format_table, write_results
+    from .compare import compare, format_table, parse_runs, write_results
     runs = parse_runs(args.strategies, args.strategy_opt)
     model = build_model(args)
     config = _compare_config(args, runs, model.num_classes)

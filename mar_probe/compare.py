@@ -74,6 +74,33 @@ class StrategyRun:
         return cls(label=data["label"], name=data["name"], options=tuple(dict(data.get("options", {})).items()))
 
 
+def parse_runs(text: str, opt_pairs) -> tuple:
+    """Strategy runs from command-line text.
+
+    Parameters
+    ----------
+    text : comma-separated ``NAME`` or ``LABEL=NAME`` entries, e.g. ``"full,marche,oracle=marche"``.
+    opt_pairs : ``LABEL.KEY=VALUE`` strings, e.g. ``["oracle.selection=oracle"]``, typed by the strategy.
+
+    Returns
+    -------
+    tuple of StrategyRun, in the order given.
+    """
+    from .strategies import parse_options
+    entries = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        label, sep, name = item.partition("=")
+        entries.append((label, name if sep else label))
+    names = dict(entries)
+    opts: dict = {label: {} for label in names}
+    for pair in opt_pairs:
+        label, sep, kv = pair.partition(".")
+        if not sep or label not in names:
+            raise ValueError(f"--strategy-opt expects LABEL.KEY=VALUE with LABEL one of {list(names)!r}, got {pair!r}")
+        opts[label].update(parse_options(names[label], [kv]))
+    return tuple(StrategyRun(label=lab, name=names[lab], options=tuple(opts[lab].items())) for lab in names)
+
+
 @dataclass(frozen=True, kw_only=True)
 class CompareConfig:
     """What :func:`compare` runs. ``full`` is added first when absent (it is the reference)."""

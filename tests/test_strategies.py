@@ -275,8 +275,10 @@ def test_lazymar_batched_head_modulation_changes_rounding_only(deep_tiny):
         diff.set_sampling_steps(deep_tiny.config.num_sampling_steps)
     assert (heads[True].out - heads[False].out).abs().max() < 1e-5
     assert heads[True].flops == heads[False].flops and heads[True].cached == heads[False].cached == 23
-    assert set(heads[True].tables) == {0, "final"} and not heads[False].tables   # deep_tiny: blocks 1-4 are deltas
-    assert heads[True].tables[0].shape[0] == 23                                  # one row per cached index
+    assert set(heads[True].tables[False]) == {0, "final"}                     # deep_tiny: blocks 1-4 are deltas
+    assert set(heads[True].tables[True]) == {0, 1, 2, 3, 4, "final"} and not heads[False].tables[False]
+    assert heads[True].tables[False][0].shape[:2] == (23, 3)                   # [cached indices, cond half]
+    assert heads[True].tables[True][0].shape[:2] == (7, 6)                     # [recompute indices, both halves]
 
 
 def _head_cache(lazy, diff):

@@ -21,10 +21,11 @@ Every constant of the released code is an option with the code's default:
   increments of blocks ``head_delta_blocks`` (1-4) and ``cond_eps - uncond_eps``. In between only the conditional
   half runs: delta blocks add their cached increment, other blocks reuse the cached MLP output with a fresh AdaLN
   gate (recomputing it while ``i > head_warm_fraction * T``), and ``uncond_eps = cond_eps - cached difference``.
-* ``head_batch_modulation`` (off by default; not in the released code): the AdaLN modulations that the cached
+* ``head_batch_modulation`` (off by default; not in the released code): the AdaLN modulations that the head's
   evaluations of a step need (a function of the timestep and of ``z``, both known before the reverse loop) are
-  made in one batched matrix product per layer over all cached reverse indices instead of one small product per
-  evaluation. The same products, so the same FLOPs and the same values up to floating-point summation order; on a
+  made in one batched matrix product per layer over all reverse indices of a kind (recompute, cached) instead of
+  one small product per evaluation. With ``head_interval=1`` and no token or condition cache this is ``full``
+  with only that reorganisation, the fair reference for its speed-up. The same products, so the same FLOPs and the same values up to floating-point summation order; on a
   CPU at batch 1 the head's cached evaluations are bound by reading weights, which this reads once per step.
 
 Where the released code has no behaviour this follows the obvious extension: without CFG (the code needs it)
@@ -292,8 +293,9 @@ class _HeadCache:
         self.delta: dict[int, torch.Tensor] = {}
         self.cfg_delta = None
         self.full = self.cached = self.flops = 0
-        self.tables: dict = {}                              # layer key -> modulations [T', n, kW] (batched)
-        self.slot = {i: k for k, i in enumerate(i for i in range(num_timesteps) if not self.recompute(i))}
+        self.tables: dict = {True: {}, False: {}}           # recompute? -> layer key -> [T', n, kW] (batched)
+        self.slot = {full: {i: k for k, i in enumerate(i for i in range(num_timesteps) if self.recompute(i) == full)}
+                     for full in (True, False)}
 
     def recompute(self, i: int) -> bool:
         return i == self.T - 1 or i % self.c.head_interval == 0
@@ -346,23 +348,23 @@ class _HeadCache:
             x = x_new
         self.full, self.cached = self.full + full, self.cached + (not full)
         self.flops += head_eval_flops(net, n, mlp_blocks=mlp, ada_blocks=ada, time_embed=full, cond_embed=full)
-        if full or not self.c.head_batch_modulation:
+        if not self.c.head_batch_modulation:
             return net.final_layer(x, y)
         final = net.final_layer
         shift, scale = self.modulation("final", final.adaLN_modulation, y, i, full).chunk(2, dim=-1)
         return final.linear(modulate(final.norm_final(x), shift, scale))
 
     def modulation(self, key, layer, y, i: int, full: bool) -> torch.Tensor:
-        """AdaLN modulation ``layer(y)`` [n, kW] at reverse index ``i``; with ``head_batch_modulation`` cached
-        indices read it from a table made once per step for every cached index."""
-        if full or not self.c.head_batch_modulation:
+        """AdaLN modulation ``layer(y)`` [n, kW] at reverse index ``i``; with ``head_batch_modulation`` read from
+        a table made at the step's first evaluation of its kind (recompute or cached) for every index of it."""
+        if not self.c.head_batch_modulation:
             return layer(y)
-        table = self.tables.get(key)
+        table = self.tables[full].get(key)
         if table is None:
-            idx = torch.tensor(list(self.slot), device=y.device)
+            idx = torch.tensor(list(self.slot[full]), device=y.device)
             ys = self.time_table()[idx][:, None, :] + self.cond[None, :y.shape[0]]    # [T', n, W]
-            table = self.tables[key] = layer(ys)                                       # [T', n, kW]
-        return table[self.slot[i]]
+            table = self.tables[full][key] = layer(ys)                                 # [T', n, kW]
+        return table[self.slot[full][i]]
 
 
 def _fit(cached: torch.Tensor, n: int) -> torch.Tensor:
