@@ -345,3 +345,16 @@ def test_kv_cache_and_row_helpers_equal_dense_indexing():
     fresh = KVCache()
     fresh.store(3, new_k, new_v, pos[:1], 10)                              # sparse store into an empty cache
     assert fresh.k[3].shape == (1, 3, 10, 4) and torch.equal(fresh.fetch(3, pos[:1])[1], new_v)
+
+
+def test_compose_condition_warmup_computes_both_branches_in_its_first_steps(deep_tiny):
+    """condition_warmup=k: steps < k compute both CFG branches; covering every step it equals compose without the
+    condition cache exactly, while the default derives the unconditional branch from step 1 on."""
+    opts = dict(token_opts="budget=20", head_cache=False)
+    never = _run(deep_tiny, strategies.create("compose", condition_cache=False, **opts))
+    warm_all = _run(deep_tiny, strategies.create("compose", condition_warmup=NUM_ITER, **opts))
+    assert torch.equal(warm_all.tokens, never.tokens)
+    derived = _run(deep_tiny, strategies.create("compose", **opts))
+    assert not torch.equal(derived.tokens, never.tokens)
+    with pytest.raises(ValueError, match=r"condition_warmup must be an integer >= 0, got -1"):
+        strategies.create("compose", condition_warmup=-1)

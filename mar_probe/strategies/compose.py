@@ -30,12 +30,15 @@ class ComposeConfig:
     tokens : registered strategy deciding which rows each layer computes (must implement ``hidden``).
     token_opts : its options as ``KEY=VALUE`` pairs separated by ``;`` (e.g. ``budget=32;refresh_period=4``).
     condition_cache : derive the unconditional branch between the token policy's refresh steps.
+    condition_warmup : steps ``< condition_warmup`` compute both branches (LazyMAR computes everything in its first
+        5 steps, where the CFG residual still moves most); 0 derives from step 1 on.
     head_cache : LazyMAR's diffusion-head cache; ``head_interval`` is its recompute interval and
         ``head_batch_modulation`` makes the modulations of its cached evaluations in one product per step.
     """
     tokens: str = "marche"
     token_opts: str = ""
     condition_cache: bool = True
+    condition_warmup: int = 0
     head_cache: bool = True
     head_interval: int = 7
     head_batch_modulation: bool = False
@@ -43,6 +46,9 @@ class ComposeConfig:
     def __post_init__(self):
         if not isinstance(self.head_interval, int) or isinstance(self.head_interval, bool) or self.head_interval < 1:
             raise ValueError(f"compose head_interval must be a positive integer, got {self.head_interval!r}")
+        if (not isinstance(self.condition_warmup, int) or isinstance(self.condition_warmup, bool)
+                or self.condition_warmup < 0):
+            raise ValueError(f"compose condition_warmup must be an integer >= 0, got {self.condition_warmup!r}")
         if self.tokens == "compose":
             raise ValueError("compose tokens must name another strategy, got 'compose'")
 
@@ -88,7 +94,8 @@ class ComposeStrategy(Strategy):
 
     def hidden(self, model, state, timer):
         two = len(state.branches) == 2 and self.config.condition_cache
-        if not two or self.diff is None or self.tokens.is_refresh(state.step):
+        warm = state.step < self.config.condition_warmup
+        if not two or self.diff is None or warm or self.tokens.is_refresh(state.step):
             x = self.tokens.hidden(model, state, timer)                    # [B', S+L, D]
             if two:
                 self.diff = x[state.batch_size:] - x[:state.batch_size]     # [B, S+L, D] uncond - cond
