@@ -33,7 +33,7 @@ class ComposeConfig:
     condition_warmup : steps ``< condition_warmup`` compute both branches (LazyMAR computes everything in its first
         5 steps, where the CFG residual still moves most); 0 derives from step 1 on.
     head_cache : LazyMAR's diffusion-head cache; ``head_interval`` is its recompute interval and
-        ``head_batch_modulation`` makes the modulations of its cached evaluations in one product per step.
+        ``head_batch_modulation`` makes the AdaLN modulations of its evaluations in one product per step.
     """
     tokens: str = "marche"
     token_opts: str = ""

@@ -24,9 +24,10 @@ Every constant of the released code is an option with the code's default:
 * ``head_batch_modulation`` (off by default; not in the released code): the AdaLN modulations that the head's
   evaluations of a step need (a function of the timestep and of ``z``, both known before the reverse loop) are
   made in one batched matrix product per layer over all reverse indices of a kind (recompute, cached) instead of
-  one small product per evaluation. With ``head_interval=1`` and no token or condition cache this is ``full``
-  with only that reorganisation, the fair reference for its speed-up. The same products, so the same FLOPs and the same values up to floating-point summation order; on a
-  CPU at batch 1 the head's cached evaluations are bound by reading weights, which this reads once per step.
+  one small product per evaluation: the same products, so the same FLOPs and the same values up to
+  floating-point summation order. On a CPU at batch 1 the head's evaluations are bound by reading weights, which
+  this reads once per step. With ``head_interval=1`` and no token or condition cache this is ``full`` with only
+  that reorganisation, the fair reference for its speed-up.
 
 Where the released code has no behaviour this follows the obvious extension: without CFG (the code needs it)
 no condition cache is used and the head cache runs on the single branch; a schedule shorter than the step count
