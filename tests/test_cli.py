@@ -82,7 +82,7 @@ def test_study_records_then_writes_grid_figures_and_summary(tmp_path, capsys):
     assert summary["settings"]["samples"] == 4 and all(r["n"] == 4 for r in summary["rows"])
     study = json.loads((out / "study.json").read_text())
     assert StudyConfig.from_dict(study["config"]).seeds == (0, 3)
-    chunk = next((out / "seed0.zarr" / "dec_k").rglob("c/*/*/*/*/*/*/*"))
+    chunk = next((out / "seed0.zarr" / "dec_k").glob("c.*"))  # flat chunk keys
     before = chunk.stat().st_mtime_ns
     threads = torch.get_num_threads()
     assert main(argv + ["--threads", "1"]) == 0              # complete stores are reused, not re-recorded

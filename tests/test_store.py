@@ -69,7 +69,11 @@ def _err(proc) -> str:
 
 
 def _done_count(path) -> int:
-    return sum(len(files) for _, _, files in os.walk(os.path.join(path, "done", "c")))
+    """(sample, step) pairs flagged done so far (0 before the store exists)."""
+    try:
+        return int(zarr.open_array(str(path / "done"), mode="r")[...].sum())
+    except (FileNotFoundError, zarr.errors.NodeNotFoundError, ValueError):
+        return 0
 
 
 def test_open_run_dims_coords_attrs(ref_store):
@@ -174,10 +178,12 @@ def _assert_flagged_data_match(path, ref_store):
 
 
 def test_kill_and_resume_gives_identical_arrays(tmp_path, ref_store):
-    """SIGKILL three times at random moments (after 1-12 more steps were flagged done, plus 0-50 ms), then resume."""
+    """SIGKILL three times at random moments (after 1-12 more steps were flagged done, plus 0-50 ms), then resume.
+
+    Chunks of 3 steps (blocks 0-2, 3-5 and a short 6-7) against a reference stored with the automatic chunking."""
     out, rng, kills = tmp_path / "run.zarr", np.random.default_rng(0), 0
     for attempt in range(4):
-        proc = _cli(out, *(["--resume"] if attempt else []))
+        proc = _cli(out, "--steps-per-chunk", "3", *(["--resume"] if attempt else []))
         if attempt < 3:
             target, delay = _done_count(out) + int(rng.integers(1, 13)), float(rng.uniform(0, 0.05))
             while proc.poll() is None and _done_count(out) < target:
@@ -205,13 +211,13 @@ def test_four_shards_write_one_store_concurrently(tmp_path, ref_store):
 
 
 def test_full_disk_reports_clearly_and_leaves_a_consistent_store(tmp_path, ref_store, monkeypatch, capsys):
-    """ENOSPC from zarr's chunk write (after 150 chunk files): clear error, store consistent, resume completes."""
+    """ENOSPC from zarr's chunk write (after 40 chunk files): clear error, store consistent, resume completes."""
     out, calls, real = tmp_path / "full.zarr", [0], zarr.storage._local._put
 
     def put(path, value, *args, **kwargs):
-        if "/c/" in str(path).replace(os.sep, "/"):
+        if "/c." in str(path).replace(os.sep, "/"):  # a chunk (flat keys: c.0.1...), not metadata
             calls[0] += 1
-            if calls[0] > 150:
+            if calls[0] > 40:
                 raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real(path, value, *args, **kwargs)
 
@@ -282,3 +288,60 @@ def test_cli_dry_run_existing_store_and_mismatched_resume(tmp_path, ref_store, c
     assert "written by another model or configuration" in err and "model_config" in err and "weights_sha256" in err
     assert main(["record", *CLI, "--out", str(ref_store), "--resume", "--shard", "1/2"]) == 0  # all complete
     assert "0 samples (4 already complete)" in capsys.readouterr().out
+
+
+def test_steps_per_chunk_sets_chunks_and_keeps_values(tmp_path, ref_store):
+    """Chunks of 3 steps (the last one short) hold the same values as the automatic chunking (one block of 8)."""
+    _record_ref(tmp_path / "three.zarr", steps_per_chunk=3)
+    got, ref = zarr.open_group(str(tmp_path / "three.zarr"), mode="r"), zarr.open_group(str(ref_store), mode="r")
+    assert got["dec_k"].chunks[:2] == got["done"].chunks == got["mask"].chunks[:2] == (1, 3)
+    assert ref["dec_k"].chunks[:2] == (1, 8) and ref["tokens"].chunks[0] == 1
+    assert sorted(os.listdir(tmp_path / "three.zarr" / "done"))[:3] == ["c.0.0", "c.0.1", "c.0.2"]  # flat keys
+    _assert_same_store(tmp_path / "three.zarr", ref_store)
+    with pytest.raises(ValueError, match=r"steps_per_chunk must be an integer >= 1 \(or None for automatic\), got 0"):
+        _record_ref(tmp_path / "zero.zarr", steps_per_chunk=0)
+
+
+def test_auto_steps_per_chunk_keeps_chunks_within_the_target():
+    from mar_probe.probe.spec import ACTIVATIONS
+    from mar_probe.store.schema import CHUNK_TARGET_BYTES, ModelDims, auto_steps_per_chunk, resolve
+    m = _model()
+    small = resolve(SelectionSpec(variables="dec_k", layers=(1,)), m, num_samples=2, num_iter=64, cfg=2.0)
+    step = 2 * 1 * (4 + 64) * 2 * 16 * 2                                 # float16 [branch, layer, N, H, Dh]
+    assert small.steps_per_chunk == 64 and small.variables["dec_k"].chunks[:2] == (1, 64)   # 64 x 17 KiB < 4 MiB
+    dims = ModelDims.from_model(mar_probe.create_model("fashion_small"))  # the embedded default's shapes
+    full = resolve(SelectionSpec(variables=ACTIVATIONS), dims, num_samples=2, num_iter=64, cfg=3.0)
+    light = resolve(SelectionSpec(variables="dec_k,dec_v,z_cfg_resid,attn_gen", layers=(1, 2)), dims, num_samples=2,
+                    num_iter=64, cfg=3.0)
+    assert (full.steps_per_chunk, light.steps_per_chunk) == (4, 8)      # dec_k per step: 0.80 MiB and 0.40 MiB
+    for lay in (full, light):
+        assert max(v.nbytes // v.shape[0] // v.shape[1] for v in lay.variables.values() if v.per_step) * \
+            lay.steps_per_chunk <= CHUNK_TARGET_BYTES
+    assert auto_steps_per_chunk(small.variables, 64, target=5 * step) == 4      # largest power of two that fits
+    assert auto_steps_per_chunk(small.variables, 64, target=step - 1) == 1      # one step already exceeds it
+    assert auto_steps_per_chunk(small.variables, 3, target=10 * step) == 2      # at most the steps of the run
+
+
+def test_writer_closed_mid_block_keeps_the_steps_it_has(tmp_path):
+    """An interrupted run (writer closed with an open block): steps 0-5 written and flagged, 6-7 fill and not done."""
+    from mar_probe.probe import Probe
+    from mar_probe.probe.record import sample_seeds
+    from mar_probe.store.schema import resolve
+    from mar_probe.store.writer import StoreWriter, create_store
+    m, spec = _model(), SelectionSpec(variables="dec_k,z", layers=(1,))
+    probe = Probe.for_run(m, spec, num_samples=1, num_iter=8, cfg=2.0)
+    probe.begin_batch([0])
+    with probe.attached():
+        mar_probe.sample(m, [3], num_iter=8, cfg=2.0, seed=0, observers=[probe])
+    layout = resolve(spec, m, num_samples=1, num_iter=8, cfg=2.0, steps_per_chunk=4)
+    create_store(tmp_path / "w.zarr", layout, labels=np.array([3]), seeds=sample_seeds(0, 1), attrs={})
+    writer = StoreWriter(tmp_path / "w.zarr", layout)
+    for rec in probe.records[:6]:
+        writer.put_step(rec)
+    writer.close()
+    g = zarr.open_group(str(tmp_path / "w.zarr"), mode="r")
+    assert g["done"][0].tolist() == [True] * 6 + [False] * 2 and not g["complete"][0]
+    for t, rec in enumerate(probe.records[:6]):
+        assert np.array_equal(g["dec_k"][0, t], rec.arrays["dec_k"][0], equal_nan=True)
+    assert np.isnan(g["dec_k"][0, 6:]).all() and not g["mask"][0, 6:].any()
+    assert writer.bytes_logical == sum(a.nbytes for r in probe.records[:6] for a in r.arrays.values())

@@ -66,8 +66,10 @@ def combine_runs(datasets, names=None) -> xr.Dataset:
 def stream_chunks(ds: xr.Dataset, max_bytes: float = 32e6) -> xr.Dataset:
     """Rechunk dask-backed per-step variables to several steps per chunk, at most ``max_bytes`` each.
 
-    A store holds one chunk per (sample, step); grouping steps cuts dask's per-task overhead (about half the
-    analysis time on a small model) while every chunk stays small enough to stream a store larger than memory.
+    Grouping steps cuts dask's per-task overhead (about half the analysis time on a small model) while every
+    chunk stays small enough to stream a store larger than memory. The steps of a dask chunk are a multiple of
+    the steps of a stored chunk (``steps_per_chunk``), so no stored chunk is read twice; a stored chunk larger than
+    ``max_bytes`` stays whole.
 
     Parameters
     ----------
@@ -81,8 +83,9 @@ def stream_chunks(ds: xr.Dataset, max_bytes: float = 32e6) -> xr.Dataset:
         return ds
     step_bytes = max(int(np.prod([n for d, n in v.sizes.items() if d not in ("sample", "step")])) * v.dtype.itemsize
                      for v in per_step)
+    stored = max(c for v in per_step for c in v.chunks[v.dims.index("step")])
     steps = int(max(1, min(ds.sizes["step"], max_bytes // max(step_bytes, 1))))
-    return ds.chunk({"sample": 1, "step": steps})
+    return ds.chunk({"sample": 1, "step": max(stored, steps // stored * stored)})
 
 
 def open_runs(paths, max_bytes: float = 32e6) -> xr.Dataset:

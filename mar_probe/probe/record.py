@@ -224,7 +224,7 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
            cfg: float | None = None, cfg_schedule: str | None = None, temperature: float | None = None, rng: str = "own",
            batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
            overwrite: bool = False, shard=None, queue_size: int = 8, writer_threads: int = 4,
-           compression: str = "lz4", progress: bool = False) -> RecordResult:
+           compression: str = "lz4", steps_per_chunk: int | None = None, progress: bool = False) -> RecordResult:
     """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.
 
     Parameters
@@ -262,6 +262,9 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
         Threads compressing and writing chunks.
     compression : {"lz4", "zstd", "none"}
         Codec of a new store's data variables (a resumed or shared store keeps its own).
+    steps_per_chunk : int, optional
+        Steps in one chunk of a new store's per-step variables (None: chunks of at most 4 MiB, see
+        :func:`~mar_probe.store.schema.auto_steps_per_chunk`; a resumed or shared store keeps its own).
     progress : bool
         Show a progress bar (steps/s and bytes written).
 
@@ -274,14 +277,14 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
     compressors(compression)  # an unknown name fails before anything runs
     plan = _plan(model, labels, out, spec, seed=seed, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule,
                  temperature=temperature, rng=rng, batch_size=batch_size, strategy=strategy, vae=vae,
-                 checkpoint=checkpoint, shard=shard)
+                 checkpoint=checkpoint, shard=shard, steps_per_chunk=steps_per_chunk)
     _prepare_store(plan["out"], plan["layout"], plan["attrs"], plan["labels"], plan["seeds"], resume=resume,
                    overwrite=overwrite, shard=plan["shard"], compression=compression)
     return _run(model, plan, vae=vae, queue_size=queue_size, threads=writer_threads, progress=progress)
 
 
 def _plan(model, labels, out, spec, *, seed, num_iter, cfg, cfg_schedule, temperature, rng, batch_size,
-          strategy, vae, checkpoint, shard) -> dict:
+          strategy, vae, checkpoint, shard, steps_per_chunk) -> dict:
     from ..strategies import FullStrategy, create
     labels = _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size).numpy()
     spec = spec if spec is not None else SelectionSpec()
@@ -290,7 +293,7 @@ def _plan(model, labels, out, spec, *, seed, num_iter, cfg, cfg_schedule, temper
     strategy = strategy or FullStrategy()
     num_steps = strategy.num_steps(num_iter) if hasattr(strategy, "num_steps") else num_iter
     layout = resolve(spec, model, num_samples=len(labels), num_iter=num_steps, cfg=cfg,
-                     images=image_shape(model, vae))
+                     images=image_shape(model, vae), steps_per_chunk=steps_per_chunk)
     seeds = sample_seeds(seed, len(labels))
     sampling = dict(num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature, rng=rng,
                     batch_size=batch_size, num_sampling_steps=str(model.diffloss.num_sampling_steps))

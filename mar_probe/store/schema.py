@@ -8,12 +8,13 @@ differ in depth, heads or width, the differing dimensions get a stack prefix (``
 Beside the activations, ``enc_computed``/``dec_computed`` [sample, step, branch, layer, token] say which rows each
 layer computed and ``derived`` [sample, step, branch] which CFG branches a strategy derived instead of computing
 (schema version 2; version-1 stores predate them and hold only fully computed steps).
-Per-step variables are chunked one chunk per (sample, step), per-sample ones one chunk per sample, so every
-chunk is written exactly once by one writer.
+Per-step variables are chunked one chunk per (sample, block of ``steps_per_chunk`` steps), per-sample ones one
+chunk per sample, so every chunk is written exactly once by one writer. Chunk keys are flat (``c.0.3.0...``,
+separator ``.``), so a chunk is one file in its variable's folder rather than a fresh chain of nested folders.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,6 +29,7 @@ BF16_NAN = 0x7FC0
 STACK_PREFIX = ("enc", "dec")
 COMPUTED_DOC = ("True where the layer computed the row's q/k/v at this step for this branch; False where the row was "
                 "not processed (encoder: unknown tokens), served from a strategy's cache, or the branch was derived")
+CHUNK_TARGET_BYTES = 4 << 20  # automatic steps_per_chunk: the largest chunk of any variable stays within this
 DERIVED_DOC = "True where the strategy derived this CFG branch instead of computing it (its z is the derived value)"
 
 
@@ -92,6 +94,7 @@ class RunLayout:
     spec: SelectionSpec
     variables: dict
     sizes: dict
+    steps_per_chunk: int = 1
 
     def step_index(self, step: int) -> int | None:
         """Position of sampler step ``step`` on the store's step axis (None when not selected)."""
@@ -133,8 +136,11 @@ def _dim_names(layers: dict, dims: ModelDims) -> dict:
 
 
 def resolve(spec: SelectionSpec, model_or_dims, *, num_samples: int, num_iter: int, cfg: float,
-            images: tuple[int, int, int] | None = None) -> RunLayout:
-    """Resolve ``spec`` for a run, with clear errors for out-of-range layers, steps, samples or branches."""
+            images: tuple[int, int, int] | None = None, steps_per_chunk: int | None = None) -> RunLayout:
+    """Resolve ``spec`` for a run, with clear errors for out-of-range layers, steps, samples or branches.
+
+    ``steps_per_chunk`` sets how many steps one chunk of a per-step variable holds (None: :func:`auto_steps_per_chunk`).
+    """
     from ..probe.spec import BRANCHES
     dims = model_or_dims if isinstance(model_or_dims, ModelDims) else ModelDims.from_model(model_or_dims)
     samples = _check_subset("sample(s)", spec.samples or range(num_samples), num_samples,
@@ -150,7 +156,31 @@ def resolve(spec: SelectionSpec, model_or_dims, *, num_samples: int, num_iter: i
     sizes = dict(sample=len(samples), step=len(steps), branch=len(branches), token=dims.tokens,
                  channel=dims.channels)
     variables = _variables(spec, dims, layers, sizes, images)
-    return RunLayout(samples, steps, branches, run_branches, layers, dims, spec, variables, sizes)
+    block = _check_steps_per_chunk(steps_per_chunk, len(steps)) or auto_steps_per_chunk(variables, len(steps))
+    variables = {k: replace(v, chunks=(1, block) + v.chunks[2:]) if v.per_step else v for k, v in variables.items()}
+    return RunLayout(samples, steps, branches, run_branches, layers, dims, spec, variables, sizes, block)
+
+
+def _check_steps_per_chunk(value, num_steps: int) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value:
+        raise ValueError(f"steps_per_chunk must be an integer >= 1 (or None for automatic), got {value!r}")
+    return min(value, num_steps)
+
+
+def auto_steps_per_chunk(variables: dict, num_steps: int, target: int = CHUNK_TARGET_BYTES) -> int:
+    """Steps per chunk: the largest power of two (at most ``num_steps``) whose chunks stay within ``target`` bytes.
+
+    Each chunk is a file with a fixed cost to write (about a millisecond of Python and file-system work), so
+    small per-step chunks make recording CPU-bound; large ones cost memory, as a chunk is assembled before it
+    is written. A variable whose one step already exceeds ``target`` gives one step per chunk.
+    """
+    step_bytes = max(v.nbytes // (v.shape[0] * v.shape[1]) for v in variables.values() if v.per_step)
+    block = 1
+    while block * 2 <= num_steps and block * 2 * step_bytes <= target:
+        block *= 2
+    return block
 
 
 def _activation_dtype(spec: SelectionSpec):

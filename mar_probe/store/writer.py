@@ -6,7 +6,9 @@ chunk holds one (sample, step) or one sample, so every write covers whole chunks
 written back, and writers of disjoint samples never touch the same file. zarr's local store (zarr >= 3.1.3) writes
 each chunk to a temporary file and renames it into place, so a killed writer leaves no torn chunk. The ``done``
 flag of a (sample, step) is written only after that step's data, and ``complete`` of a sample only after all of
-its data.
+its data and flags. A block still open when the writer closes (an interrupted run) is written with the steps it
+has and fill values elsewhere, its missing steps not flagged done; a killed process loses at most the open
+blocks, which ``--resume`` redoes.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +95,8 @@ def _create(root, name, shape, chunks, dtype, fill, dims, attrs, codecs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return root.create_array(name, shape=shape, chunks=chunks, dtype=str if text else dtype, fill_value=fill,
-                                 dimension_names=dims, attributes=attrs, compressors="auto" if text else codecs)
+                                 dimension_names=dims, attributes=attrs, compressors="auto" if text else codecs,
+                                 chunk_key_encoding={"name": "default", "separator": "."})
 
 
 def _jsonable(v):
@@ -139,7 +143,11 @@ class StoreWriter:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.path, self.layout, self.threads = Path(path), layout, threads
         root = zarr.open_group(str(self.path), mode="r+", use_consolidated=False)
-        self._arrays = {name: root[name].async_array for name in layout.variables}
+        # every chunk is written once, whole: skip zarr's per-chunk check whether it holds only fill values
+        self._arrays = {name: root[name].async_array.with_config({"write_empty_chunks": True})
+                        for name in layout.variables}
+        self._blocks = StepBlocks(root["done"].chunks[1], root["done"].shape[1],
+                                  {k: a.metadata.fill_value for k, a in self._arrays.items()})
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._max_batch = queue_size
         self._error: BaseException | None = None
@@ -184,6 +192,8 @@ class StoreWriter:
             stop = False
             while not stop:
                 items, stop = self._take()
+                if stop:
+                    items.append(("flush", None))  # the blocks still open: an interrupted run keeps its steps
                 if items and self._error is None:  # after an error: drain, so the producer never blocks
                     try:
                         loop.run_until_complete(self._write_batch(items))
@@ -205,25 +215,88 @@ class StoreWriter:
         return (items[:-1] if stop else items), stop
 
     async def _write_batch(self, items) -> None:
-        """Write the data chunks of ``items`` concurrently, then (all of them on disk) their flags."""
-        data, flags, nbytes = [], [], 0
+        """Write the whole blocks and per-sample arrays of ``items`` concurrently, then their ``done`` flags,
+        then ``complete`` (each stage only once the one before is on disk)."""
+        data, done, complete, nbytes = [], [], [], 0
         for kind, payload in items:
             if kind == "step":
-                for i, row in enumerate(payload.rows):
-                    for name, arr in payload.arrays.items():
-                        data.append(self._arrays[name].setitem((row, payload.step_pos), arr[i]))
-                        nbytes += arr[i].nbytes
-                    flags.append(("done", (row, payload.step_pos)))
-            else:
+                blocks = self._blocks.add(payload)
+            elif kind == "sample":
                 row, arrays = payload
+                blocks = self._blocks.flush(row)
                 for name, arr in arrays.items():
                     if name in self._arrays:
                         data.append(self._arrays[name].setitem(row, arr))
                         nbytes += arr.nbytes
-                flags.append(("complete", row))
+                complete.append(row)
+            else:
+                blocks = self._blocks.flush()
+            for block in blocks:
+                sel = (slice(block.row, block.row + 1), slice(block.start, block.start + len(block.got)))
+                for name, arr in block.arrays.items():
+                    data.append(self._arrays[name].setitem(sel, arr))
+                    nbytes += arr.nbytes // len(block.got) * int(block.got.sum())  # the steps recorded, not fill
+                done.append(self._arrays["done"].setitem(sel, block.got[None]))
         await _gather(data)
         self.bytes_logical += nbytes
-        await _gather([self._arrays[name].setitem(sel, True) for name, sel in flags])
+        await _gather(done)
+        await _gather([self._arrays["complete"].setitem(row, True) for row in complete])
+
+
+@dataclass
+class Block:
+    """The steps ``start .. start + len(got) - 1`` of store row ``row``: ``arrays[name]`` [1, n, ...]."""
+    row: int
+    start: int
+    arrays: dict
+    got: np.ndarray  # [n] bool: which steps arrived
+
+
+class StepBlocks:
+    """Assembles the step records of each (sample row, block of ``steps_per_chunk`` steps) into one chunk.
+
+    Parameters
+    ----------
+    steps_per_chunk, num_steps : int
+        The store's step chunk length and step-axis length.
+    fills : dict
+        Variable name -> fill value, written at steps that never arrived.
+    """
+
+    def __init__(self, steps_per_chunk: int, num_steps: int, fills: dict):
+        self.size, self.num_steps, self.fills = steps_per_chunk, num_steps, fills
+        self._open: dict[tuple[int, int], Block] = {}
+
+    def add(self, record) -> list[Block]:
+        """Copy a :class:`~mar_probe.probe.StepRecord` into its blocks; return the blocks it completed."""
+        whole = []
+        for i, row in enumerate(record.rows):
+            key = (row, record.step_pos // self.size)
+            block = self._open.get(key) or self._new(key, record.arrays)
+            at = record.step_pos - block.start
+            for name, arr in record.arrays.items():
+                block.arrays[name][0, at] = arr[i]
+            block.got[at] = True
+            if block.got.all():
+                whole.append(self._open.pop(key))
+        return whole
+
+    def _new(self, key: tuple[int, int], arrays: dict) -> Block:
+        start = key[1] * self.size
+        n = min(self.size, self.num_steps - start)
+        block = Block(key[0], start, {k: np.empty((1, n) + a.shape[1:], a.dtype) for k, a in arrays.items()},
+                      np.zeros(n, dtype=bool))
+        self._open[key] = block
+        return block
+
+    def flush(self, row: int | None = None) -> list[Block]:
+        """Close the open blocks of ``row`` (None: all), with fill values at the steps that never arrived."""
+        keys = [k for k in self._open if row is None or k[0] == row]
+        out = [self._open.pop(k) for k in keys]
+        for block in out:
+            for name, arr in block.arrays.items():
+                arr[0, ~block.got] = self.fills[name]
+        return out
 
 
 async def _gather(coros) -> None:
