@@ -38,3 +38,22 @@ def checked_fields(cls: type, data: Mapping) -> dict:
     if unknown:
         raise ValueError(f"unknown {name} field(s) {unknown!r}; expected a subset of {known!r}")
     return dict(data)
+
+
+def check_ints(owner: str, obj, limits) -> None:
+    """Raise ValueError unless every named field of ``obj`` is an integer (not a bool) at or above its limit.
+
+    Parameters
+    ----------
+    owner : str
+        The name the message starts with (e.g. ``"lazymar"``).
+    obj : object
+        The config whose fields are checked.
+    limits : iterable of (str, int)
+        Field name and smallest allowed value; 1 reads "a positive integer", others "an integer >= low".
+    """
+    for name, low in limits:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            kind = "a positive integer" if low == 1 else f"an integer >= {low}"
+            raise ValueError(f"{owner} {name} must be {kind}, got {value!r}")

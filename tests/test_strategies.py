@@ -116,9 +116,11 @@ def test_unknown_strategy_and_option_list_valid_ones():
     ("marche", dict(refresh_period=0), "refresh_period must be a positive integer, got 0"),
     ("marche", dict(budget=0), "budget must be a positive integer"),
     ("marche", dict(selection="top"), "selection must be one of"),
-    ("lazymar", dict(refresh_interval=0), "refresh_interval must be an integer >= 1, got 0"),
+    ("lazymar", dict(refresh_interval=0), "refresh_interval must be a positive integer, got 0"),
     ("lazymar", dict(retain_schedule=(1.5,)), "retain_schedule"),
     ("fewer-steps", dict(num_iter=0), "num_iter must be a positive integer, got 0"),
+    ("lazymar", dict(warmup_steps=-1), "lazymar warmup_steps must be an integer >= 0, got -1"),
+    ("compose", dict(head_interval=True), "compose head_interval must be a positive integer, got True"),
 ])
 def test_out_of_range_options_raise(name, options, match):
     with pytest.raises(ValueError, match=match):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._config import check_ints
 from . import create, parse_options, register
 from .base import Strategy
 from .lazymar import LazyMARStrategy
@@ -44,11 +45,7 @@ class ComposeConfig:
     head_batch_modulation: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.head_interval, int) or isinstance(self.head_interval, bool) or self.head_interval < 1:
-            raise ValueError(f"compose head_interval must be a positive integer, got {self.head_interval!r}")
-        if (not isinstance(self.condition_warmup, int) or isinstance(self.condition_warmup, bool)
-                or self.condition_warmup < 0):
-            raise ValueError(f"compose condition_warmup must be an integer >= 0, got {self.condition_warmup!r}")
+        check_ints("compose", self, (("head_interval", 1), ("condition_warmup", 0)))
         if self.tokens == "compose":
             raise ValueError("compose tokens must name another strategy, got 'compose'")
 

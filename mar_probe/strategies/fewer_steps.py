@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._config import check_ints
 from . import register
 from .base import FullStrategy
 
@@ -17,8 +18,7 @@ class FewerStepsConfig:
     num_iter: int = 28
 
     def __post_init__(self):
-        if not isinstance(self.num_iter, int) or isinstance(self.num_iter, bool) or self.num_iter < 1:
-            raise ValueError(f"fewer-steps num_iter must be a positive integer, got {self.num_iter!r}")
+        check_ints("fewer-steps", self, (("num_iter", 1),))
 
 
 @register("fewer-steps")

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.diffloss import modulate
+from .._config import check_ints
 from . import register
 from .base import StepPlan, Strategy, count_blocks, count_embeddings
 from .cost import head_embed_flops, head_eval_flops, linear_flops
@@ -66,11 +67,8 @@ class LazyMARConfig:
     head_batch_modulation: bool = False
 
     def __post_init__(self):
-        for name, low in (("warmup_steps", 0), ("refresh_interval", 1), ("prune_layer", 0),
-                          ("min_extra_tokens", 0), ("head_interval", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"lazymar {name} must be an integer >= {low}, got {value!r}")
+        check_ints("lazymar", self, (("warmup_steps", 0), ("refresh_interval", 1), ("prune_layer", 0),
+                                     ("min_extra_tokens", 0), ("head_interval", 1)))
         if not self.retain_schedule or any(not 0.0 <= r <= 1.0 for r in self.retain_schedule):
             raise ValueError(f"lazymar retain_schedule must be a non-empty tuple of ratios in [0, 1], "
                              f"got {self.retain_schedule!r}")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._config import check_ints
 from . import register
 from .base import StepPlan, Strategy, count_blocks, count_embeddings, stack_blocks
 from .layers import (KVCache, active_attention, block_mlp, full_block, gather_heads, gather_rows, rows_of,
@@ -72,10 +73,7 @@ class MARcheConfig:
     refresh_mass: float = 0.0
 
     def __post_init__(self):
-        for name in ("budget", "selection_layer", "refresh_period"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"marche {name} must be a positive integer, got {value!r}")
+        check_ints("marche", self, (("budget", 1), ("selection_layer", 1), ("refresh_period", 1)))
         if self.selection not in SELECTIONS:
             raise ValueError(f"marche selection must be one of {SELECTIONS!r}, got {self.selection!r}")
         bad = [s for s in self.stacks if s not in ("encoder", "decoder")]
