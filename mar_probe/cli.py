@@ -169,6 +169,9 @@ def _add_compare(p):
                    help="comma-separated NAME or LABEL=NAME (full is always run; default: %(default)s)")
     p.add_argument("--strategy-opt", action="append", default=[], metavar="LABEL.KEY=VALUE",
                    help="option of one strategy, repeatable (e.g. marche.budget=32)")
+    p.add_argument("--paired-against", metavar="LABEL",
+                   help="also report every strategy's per-image fidelity minus this strategy's (e.g. lazymar), "
+                        "with an interval over all paired images (columns *_minus_ref)")
     p.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
 
 
@@ -182,7 +185,8 @@ def _compare_config(args, runs, num_classes: int):
     return CompareConfig(runs=runs, num_samples=len(labels), labels=labels, seeds=seeds, num_iter=args.num_iter,
                          cfg=args.cfg, cfg_schedule=args.cfg_schedule, temperature=args.temperature,
                          batch_size=args.batch_size, rng=args.rng, grid_images=args.grid_images, shadow=args.shadow,
-                         inception_weights=args.inception_weights, inception_reference=args.inception_reference)
+                         inception_weights=args.inception_weights, inception_reference=args.inception_reference,
+                         paired_against=getattr(args, "paired_against", None))
 
 
 def _cmd_compare(args) -> int:

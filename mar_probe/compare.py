@@ -9,7 +9,9 @@
 * distribution quality: class-conditional accuracy and the Fréchet distance of the Fashion-MNIST classifier's
   features (28x28 grayscale models such as the embedded default), or FID/IS for RGB images when InceptionV3 weights
   (and reference statistics, for FID) are given; absent otherwise;
-* optionally (``shadow=True``) the mean shadow errors of what the strategy used (see :mod:`mar_probe.probe.shadow`).
+* optionally (``shadow=True``) the mean shadow errors of what the strategy used (see :mod:`mar_probe.probe.shadow`);
+* optionally (``paired_against=LABEL``) every other strategy's per-image fidelity minus LABEL's, so that two
+  strategies are compared image by image rather than through two overlapping intervals.
 
 :func:`write_results` lays the result out as ``results.json`` (format below), ``results.csv`` (one row per
 strategy), ``samples/LABEL.npz`` (images, labels, tokens [N, seq_len, dim] of the first seed, as
@@ -26,10 +28,11 @@ front of speed against fidelity.
          "fidelity": {"token_mse": D, "token_cos": D, "psnr": D, "ssim": D},
          "quality": {"class_accuracy": I, "frechet_distance": I} or {"fid": I, "inception_score": I} or {},
          "shadow": {"dec_kv_err": I, "enc_kv_err": I, "z_err": I} (with shadow=True),
+         "paired": {"against": LABEL, "token_mse": I, "token_cos": I, "psnr": I, "ssim": I} (with paired_against),
          "per_seed": [{"seed", "seconds", "flops", "frechet_distance", ...}, ...]}}}
 
 where ``I = {"mean", "lo", "hi", "n"}`` is a mean with its 95% Student-t interval over seeds (speed, Fréchet
-distance, FID, IS) or images (accuracy, shadow), and ``D`` adds ``median``, ``q05``, ``q95``, ``min``, ``max``
+distance, FID, IS) or images (accuracy, shadow, paired differences), and ``D`` adds ``median``, ``q05``, ``q95``, ``min``, ``max``
 over all images of all seeds. ``full``'s own fidelity is exact (MSE 0, PSNR 100 dB = identical).
 """
 from __future__ import annotations
@@ -118,6 +121,7 @@ class CompareConfig:
     shadow: bool = False
     inception_weights: str | None = None
     inception_reference: str | None = None
+    paired_against: str | None = None
 
     def __post_init__(self):
         runs = tuple(self.runs)
@@ -138,6 +142,9 @@ class CompareConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.grid_images < 0:
             raise ValueError(f"grid_images must be >= 0, got {self.grid_images!r}")
+        if self.paired_against is not None and self.paired_against not in labels:
+            raise ValueError(f"paired_against must be one of the strategy labels {labels!r}, "
+                             f"got {self.paired_against!r}")
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -207,7 +214,13 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True) -> Co
     for seed, r in tqdm(jobs, desc="compare", disable=not progress):
         runs[r.label].append(run_strategy(model, r, labels, seed, config, vae))
     judge = QualityJudge.for_images(runs["full"][0].images, config)
-    strategies = {r.label: summarize_runs(r, runs[r.label], runs["full"], judge) for r in config.runs}
+    fid = {label: [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(seeds, runs["full"])]
+           for label, seeds in runs.items()}
+    strategies = {r.label: summarize_runs(r, runs[r.label], runs["full"], judge, fid[r.label]) for r in config.runs}
+    if config.paired_against is not None:
+        for label, entry in strategies.items():
+            if label != config.paired_against:
+                entry["paired"] = paired_difference(fid[label], fid[config.paired_against], config.paired_against)
     from .probe.record import weights_sha256
     results = {"format": FORMAT, "version": VERSION, "settings": config.to_dict(), "machine": machine(),
                "model": model.config.name, "weights_sha256": weights_sha256(model), "strategies": strategies}
@@ -255,7 +268,8 @@ COLUMNS = (("speedup.time", "speedup_time"), ("speedup.flops", "speedup_flops"),
            ("fidelity.psnr", "psnr"), ("fidelity.ssim", "ssim"), ("quality.class_accuracy", "class_accuracy"),
            ("quality.frechet_distance", "frechet_distance"), ("quality.fid", "fid"),
            ("quality.inception_score", "inception_score"), ("shadow.dec_kv_err", "shadow_dec_kv_err"),
-           ("shadow.z_err", "shadow_z_err"))
+           ("shadow.z_err", "shadow_z_err"), ("paired.psnr", "psnr_minus_ref"),
+           ("paired.token_mse", "token_mse_minus_ref"))
 
 
 def _lookup(entry: dict, dotted: str):
@@ -306,9 +320,23 @@ def _interval(values) -> dict:
     return {k: s[k] for k in ("mean", "lo", "hi", "n")}
 
 
-def summarize_runs(run: StrategyRun, seeds: list[SeedRun], full: list[SeedRun], judge) -> dict:
-    """One strategy's entry: speed ratios per seed, paired fidelity over all images, quality, shadow."""
-    fid = [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(seeds, full)]
+def paired_difference(fid: list, ref: list, against: str) -> dict:
+    """Per-image difference of every fidelity metric (this strategy minus ``against``), with a t-interval over
+    all images of all seeds: both strategies saw the same labels and seeds, so image i of seed s pairs up.
+
+    ``fid`` and ``ref`` are per-seed :func:`~mar_probe.quality.paired.paired_fidelity` results.
+    """
+    out = {"against": against}
+    for k in FIDELITY:
+        if k in fid[0] and k in ref[0]:
+            out[k] = _interval(np.concatenate([d[k].values - r[k].values for d, r in zip(fid, ref)]))
+    return out
+
+
+def summarize_runs(run: StrategyRun, seeds: list[SeedRun], full: list[SeedRun], judge, fid: list) -> dict:
+    """One strategy's entry: speed ratios per seed, paired fidelity over all images, quality, shadow.
+
+    ``fid``: the per-seed :func:`~mar_probe.quality.paired.paired_fidelity` of ``seeds`` against ``full``."""
     fidelity = {k: summarize(np.concatenate([d[k].values for d in fid])) for k in FIDELITY if k in fid[0]}
     per_seed = [{"seed": s.seed, "seconds": s.seconds, "flops": s.flops} for s in seeds]
     quality = judge(seeds, per_seed) if judge is not None else {}

@@ -60,7 +60,7 @@ def tiny():
 def compared(tiny):
     runs = (StrategyRun(label="marche", name="marche", options=(("budget", 20),)),
             StrategyRun(label="exact", name="marche", options=(("refresh_period", 1),)))
-    config = CompareConfig(runs=runs, num_samples=2, seeds=(0, 1), num_iter=4, grid_images=2)
+    config = CompareConfig(runs=runs, num_samples=2, seeds=(0, 1), num_iter=4, grid_images=2, paired_against="exact")
     return config, compare(tiny, config, progress=False)
 
 
@@ -80,6 +80,19 @@ def test_compare_is_paired_against_full(compared):
     assert s["full"]["quality"] == {}                                            # 8x8 images: no judge
 
 
+def test_paired_against_differences_per_image(compared):
+    """Every strategy minus ``exact`` (= full, image by image): full's differences are 0, marche's are its own
+    fidelity minus that of identical images."""
+    _, result = compared
+    s = result.results["strategies"]
+    assert "paired" not in s["exact"] and s["marche"]["paired"]["against"] == "exact"
+    assert s["full"]["paired"]["psnr"]["mean"] == 0 and s["full"]["paired"]["psnr"]["n"] == 4
+    m = s["marche"]["paired"]
+    assert m["token_mse"]["mean"] == pytest.approx(s["marche"]["fidelity"]["token_mse"]["mean"])
+    assert m["psnr"]["mean"] == pytest.approx(s["marche"]["fidelity"]["psnr"]["mean"] - PSNR_IDENTICAL)
+    assert m["psnr"]["lo"] < m["psnr"]["mean"] < m["psnr"]["hi"] <= 0
+
+
 def test_write_results_round_trip_and_widget(compared, tmp_path):
     config, result = compared
     out = write_results(result, tmp_path / "cmp")
@@ -91,6 +104,7 @@ def test_write_results_round_trip_and_widget(compared, tmp_path):
         assert f["images"].shape == (2, 8, 8, 1) and f["tokens"].shape == (2, 64, 4)    # [N, seq_len, dim]
     csv = (out / "results.csv").read_text().splitlines()
     assert csv[0].startswith("label,strategy,options,steps,speedup_time") and len(csv) == 4
+    assert "psnr_minus_ref" in csv[0] and "token_mse_minus_ref_lo" in csv[0]
     assert (out / "grid.png").stat().st_size > 0
     table = format_table(data)
     assert table.splitlines()[2].startswith("| full | 4 | 1 |")
@@ -121,6 +135,7 @@ def test_fashion_judge_per_image_accuracy_and_per_seed_frechet():
     (dict(runs=(StrategyRun(label="full", name="marche"),)), "'full' is the reference"),
     (dict(runs=(), seeds=(1, 1)), "seeds must be distinct"),
     (dict(runs=(), num_iter=0), "num_iter must be a positive integer, got 0"),
+    (dict(runs=(), paired_against="lazymar"), r"paired_against must be one of the strategy labels \['full'\], got 'lazymar'"),
 ])
 def test_compare_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
