@@ -99,6 +99,12 @@ def run_capture_only(model, labels, spec, args):
                    observers=[probe])
 
 
+def steps_per_chunk(out: Path) -> int:
+    """Steps in one chunk of the store's per-step variables."""
+    import zarr
+    return int(zarr.open_array(str(out / "done"), mode="r").chunks[1])
+
+
 def per_variable(out: Path, num_samples: int) -> dict:
     """Bytes per sample per variable: uncompressed, on disk, and their ratio."""
     import zarr
@@ -123,6 +129,7 @@ def full_capture(model, name, labels, args, scratch: Path) -> dict:
     cap_wall, cap_cpu, _ = clocked(lambda: run_capture_only(model, labels, spec, args))
     disk = du(out)
     table = per_variable(out, len(labels))
+    block = steps_per_chunk(out)
     shutil.rmtree(out, ignore_errors=True)
     raw = (raw_before + raw_after) / 2
     logical = res.bytes_logical / wall
@@ -133,7 +140,7 @@ def full_capture(model, name, labels, args, scratch: Path) -> dict:
             "disk_bytes_per_s": disk / wall, "writer_wait_s": res.writer_wait_s,
             "capture_only_seconds": cap_wall, "capture_only_cpu_seconds": cap_cpu,
             "capture_only_logical_bytes_per_s": res.bytes_logical / cap_wall,
-            "record_vs_capture_only": wall / cap_wall, "per_variable": table}
+            "record_vs_capture_only": wall / cap_wall, "steps_per_chunk": block, "per_variable": table}
 
 
 def light_overhead(model, name, labels, args, scratch: Path) -> dict:
@@ -150,7 +157,7 @@ def light_overhead(model, name, labels, args, scratch: Path) -> dict:
             wall, cpu, _ = clocked(runs[kind])
             times[kind]["wall"].append(wall)
             times[kind]["cpu"].append(cpu)
-    disk = du(out)
+    disk, block = du(out), steps_per_chunk(out)
     shutil.rmtree(out, ignore_errors=True)
     ratios = [r / p for r, p in zip(times["record"]["wall"], times["plain"]["wall"])]
     cpu_ratios = [r / p for r, p in zip(times["record"]["cpu"], times["plain"]["cpu"])]
@@ -159,7 +166,7 @@ def light_overhead(model, name, labels, args, scratch: Path) -> dict:
             "overhead_min": min(ratios), "overhead_max": max(ratios),
             "overhead_pooled": sum(times["record"]["wall"]) / sum(times["plain"]["wall"]),
             "cpu_overhead_per_round": cpu_ratios, "cpu_overhead_median": statistics.median(cpu_ratios),
-            "goal_overhead": 1.1, "bytes_on_disk_per_sample": disk / len(labels)}
+            "goal_overhead": 1.1, "bytes_on_disk_per_sample": disk / len(labels), "steps_per_chunk": block}
 
 
 def measure(model, name: str, args, scratch: Path) -> dict:
