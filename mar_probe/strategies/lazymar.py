@@ -24,8 +24,9 @@ Every constant of the released code is an option with the code's default:
 * ``head_batch_modulation`` (off by default; not in the released code): the AdaLN modulations that the head's
   evaluations of a step need (a function of the timestep and of ``z``, both known before the reverse loop) are
   made in one batched matrix product per layer over all reverse indices of a kind (recompute, cached) instead of
-  one small product per evaluation: the same products, so the same FLOPs and the same values up to
-  floating-point summation order. On a CPU at batch 1 the head's evaluations are bound by reading weights, which
+  one small product per evaluation: the same products and the same values up to floating-point summation order.
+  The tables hold every index's timestep embedding, so evaluations skip ``time_embed`` and ``cond_embed(z)`` runs
+  once per step (z is the same at every index): fewer FLOPs by exactly those embeddings. On a CPU at batch 1 the head's evaluations are bound by reading weights, which
   this reads once per step. With ``head_interval=1`` and no token or condition cache this is ``full`` with only
   that reorganisation, the fair reference for its speed-up.
 
@@ -325,16 +326,12 @@ class _HeadCache:
         warm = full or i > self.c.head_warm_fraction * self.T
         x = net.input_proj(x)
         n, ada, mlp = x.shape[0], 0, 0
-        if full:
-            self.cond = net.cond_embed(c)                                          # [n, W]
-            y = net.time_embed(t) + self.cond
-        else:
-            y = self.time_table()[i] + self.cond[:n]                               # [W] + [n, W]
+        y, embeds = self._embedding(t, c, i, n, full)
         for j, block in enumerate(net.res_blocks):
             if not full and j in self.c.head_delta_blocks:
                 x = x + _fit(self.delta[j], n)
                 continue
-            shift, scale, gate = self.modulation(j, block.adaLN_modulation, y, i, full).chunk(3, dim=-1)
+            shift, scale, gate = self.modulation(j, block.adaLN_modulation, y, i, full, n).chunk(3, dim=-1)
             ada += 1
             if warm:
                 m = self.mlp[j] = block.mlp(modulate(block.in_ln(x), shift, scale))
@@ -346,22 +343,39 @@ class _HeadCache:
                 self.delta[j] = x_new - x
             x = x_new
         self.full, self.cached = self.full + full, self.cached + (not full)
-        self.flops += head_eval_flops(net, n, mlp_blocks=mlp, ada_blocks=ada, time_embed=full, cond_embed=full)
+        self.flops += head_eval_flops(net, n, mlp_blocks=mlp, ada_blocks=ada, time_embed=embeds[0],
+                                      cond_embed=embeds[1])
         if not self.c.head_batch_modulation:
             return net.final_layer(x, y)
         final = net.final_layer
-        shift, scale = self.modulation("final", final.adaLN_modulation, y, i, full).chunk(2, dim=-1)
+        shift, scale = self.modulation("final", final.adaLN_modulation, y, i, full, n).chunk(2, dim=-1)
         return final.linear(modulate(final.norm_final(x), shift, scale))
 
-    def modulation(self, key, layer, y, i: int, full: bool) -> torch.Tensor:
+    def _embedding(self, t, c, i: int, n: int, full: bool):
+        """(y [n, W] or None, (time_embed ran, cond_embed ran)) of one evaluation.
+
+        Released behaviour: recompute evaluations embed t and z, cached ones add the time table's row to the last
+        ``cond_embed(z)``. With ``head_batch_modulation`` the modulation tables hold every index's time embedding,
+        so no evaluation needs y, and ``cond_embed(z)`` runs once per step (z is the same at every index)."""
+        batched = self.c.head_batch_modulation
+        embed_cond = full and not (batched and self.cond is not None)
+        if embed_cond:
+            self.cond = self.net.cond_embed(c)                                     # [n, W]
+        if batched:
+            return None, (False, embed_cond)
+        if full:
+            return self.net.time_embed(t) + self.cond, (True, True)
+        return self.time_table()[i] + self.cond[:n], (False, False)              # [W] + [n, W]
+
+    def modulation(self, key, layer, y, i: int, full: bool, n: int) -> torch.Tensor:
         """AdaLN modulation ``layer(y)`` [n, kW] at reverse index ``i``; with ``head_batch_modulation`` read from
         a table made at the step's first evaluation of its kind (recompute or cached) for every index of it."""
         if not self.c.head_batch_modulation:
             return layer(y)
         table = self.tables[full].get(key)
         if table is None:
-            idx = torch.tensor(list(self.slot[full]), device=y.device)
-            ys = self.time_table()[idx][:, None, :] + self.cond[None, :y.shape[0]]    # [T', n, W]
+            idx = torch.tensor(list(self.slot[full]), device=self.cond.device)
+            ys = self.time_table()[idx][:, None, :] + self.cond[None, :n]              # [T', n, W]
             table = self.tables[full][key] = layer(ys)                                 # [T', n, kW]
         return table[self.slot[full][i]]
 
