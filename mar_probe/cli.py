@@ -173,6 +173,8 @@ def _add_compare(p):
                    help="also report every strategy's per-image fidelity minus this strategy's (e.g. lazymar), "
                         "with an interval over all paired images (columns *_minus_ref)")
     p.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the (strategy, seed) runs an interrupted comparison saved in OUT/partial")
 
 
 def _compare_config(args, runs, num_classes: int):
@@ -191,10 +193,12 @@ def _compare_config(args, runs, num_classes: int):
 
 def _cmd_compare(args) -> int:
     from .compare import compare, format_table, parse_runs, write_results
+    import torch
     runs = parse_runs(args.strategies, args.strategy_opt)
+    torch.manual_seed(args.seed)  # random-weight presets: the same weights when a comparison is resumed
     model = build_model(args)
     config = _compare_config(args, runs, model.num_classes)
-    result = compare(model, config, vae=_load_vae(args))
+    result = compare(model, config, vae=_load_vae(args), partial=Path(args.out) / "partial", resume=args.resume)
     out = write_results(result, args.out)
     print(format_table(result.results))
     print(f"wrote {out / 'results.json'}, results.csv, grid.png and samples/")

@@ -16,7 +16,8 @@
 :func:`write_results` lays the result out as ``results.json`` (format below), ``results.csv`` (one row per
 strategy), ``samples/LABEL.npz`` (images, labels, tokens [N, seq_len, dim] of the first seed, as
 ``mar-probe generate`` writes them) and ``grid.png`` (strategies in rows).
-:func:`sweep` runs one strategy over a grid of one or two options with the same machinery and adds the Pareto
+With ``partial=DIR`` every finished (strategy, seed) run is kept in DIR (:class:`PartialRuns`), and ``resume=True``
+reuses them after an interruption. :func:`sweep` runs one strategy over a grid of one or two options with the same machinery and adds the Pareto
 front of speed against fidelity.
 
 ``results.json`` (``format = "mar_probe.compare"``, ``version = 1``)::
@@ -39,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,6 +201,57 @@ def run_strategy(model, run: StrategyRun, labels, seed: int, config: CompareConf
                    res.tokens.numpy(), res.images, np.asarray(res.labels), shadow)
 
 
+class PartialRuns:
+    """The finished runs of an interrupted :func:`compare`: ``LABEL.seedS.npz`` beside ``config.json``.
+
+    A new comparison (``resume=False``) empties the folder; a resumed one checks that ``config.json`` holds the
+    same settings and weights, so runs of another comparison are never mixed in. A resumed run keeps the
+    seconds measured by the process that ran it.
+    """
+
+    def __init__(self, folder, config: CompareConfig, model, resume: bool):
+        from .probe.record import weights_sha256
+        self.folder = Path(folder)
+        ident = json.loads(json.dumps({"settings": config.to_dict(), "weights_sha256": weights_sha256(model)},
+                                      default=_json_default))
+        stamp = self.folder / "config.json"
+        if resume and stamp.is_file():
+            have = json.loads(stamp.read_text())
+            if have != ident:
+                diff = sorted(k for k in set(have.get("settings", {})) | set(ident["settings"])
+                              if have.get("settings", {}).get(k) != ident["settings"].get(k))
+                raise ValueError(f"cannot resume from {str(self.folder)!r}: it holds runs of another comparison "
+                                 f"(settings that differ: {diff or ['weights_sha256']!r}); expected the same "
+                                 "settings and model, or run without --resume to start afresh")
+        elif self.folder.exists():
+            shutil.rmtree(self.folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(ident, indent=1))
+
+    def _path(self, label: str, seed: int) -> Path:
+        return self.folder / f"{_file_label(label)}.seed{seed}.npz"
+
+    def load(self, label: str, seed: int) -> SeedRun | None:
+        """The saved run of ``label`` on ``seed``, or None."""
+        path = self._path(label, seed)
+        if not path.is_file():
+            return None
+        with np.load(path) as f:
+            shadow = {k[len("shadow_"):]: f[k] for k in f.files if k.startswith("shadow_")}
+            return SeedRun(int(f["seed"]), float(f["seconds"]), int(f["flops"]), int(f["steps"]), f["tokens"],
+                           f["images"] if "images" in f.files else None, f["labels"], shadow)
+
+    def save(self, label: str, run: SeedRun) -> None:
+        """Write ``run`` (to a temporary file, then renamed: a killed process leaves no torn file)."""
+        arrays = dict(seed=run.seed, seconds=run.seconds, flops=run.flops, steps=run.steps, tokens=run.tokens,
+                      labels=run.labels, **{f"shadow_{k}": v for k, v in run.shadow.items()})
+        if run.images is not None:
+            arrays["images"] = run.images
+        tmp = self.folder / f".{_file_label(label)}.seed{run.seed}.tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, self._path(label, run.seed))
+
+
 @dataclass
 class CompareResult:
     """What :func:`compare` returns: ``results`` (the ``results.json`` dict) and the ``runs`` per label and seed."""
@@ -205,14 +259,24 @@ class CompareResult:
     runs: dict
 
 
-def compare(model, config: CompareConfig, vae=None, progress: bool = True) -> CompareResult:
+def compare(model, config: CompareConfig, vae=None, progress: bool = True, partial=None,
+            resume: bool = False) -> CompareResult:
     """Run every strategy of ``config`` on every seed (strategies interleaved per seed, so that a busy machine
-    slows all alike) and judge them against ``full`` (see the module docstring)."""
+    slows all alike) and judge them against ``full`` (see the module docstring).
+
+    With ``partial`` (a folder), every finished (strategy, seed) run is saved there as it completes (see
+    :class:`PartialRuns`); with ``resume`` the runs already there are loaded instead of run again."""
     labels = config.label_array(model.num_classes)
+    saved = PartialRuns(partial, config, model, resume) if partial is not None else None
     runs: dict[str, list[SeedRun]] = {r.label: [] for r in config.runs}
     jobs = [(seed, r) for seed in config.seeds for r in config.runs]
     for seed, r in tqdm(jobs, desc="compare", disable=not progress):
-        runs[r.label].append(run_strategy(model, r, labels, seed, config, vae))
+        got = saved.load(r.label, seed) if saved is not None else None
+        if got is None:
+            got = run_strategy(model, r, labels, seed, config, vae)
+            if saved is not None:
+                saved.save(r.label, got)
+        runs[r.label].append(got)
     judge = QualityJudge.for_images(runs["full"][0].images, config)
     fid = {label: [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(seeds, runs["full"])]
            for label, seeds in runs.items()}

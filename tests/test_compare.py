@@ -1,4 +1,5 @@
 """Paired fidelity, mar-probe compare and sweep, and their figures."""
+import dataclasses
 import json
 
 import numpy as np
@@ -214,3 +215,46 @@ def test_shadow_error_data_marks_refresh_steps(tiny):
     assert shadow_error_data(ds, "z_err")["layer"].unique().tolist() == ["z"]
     with pytest.raises(ValueError, match="has no 'nope'"):
         shadow_error_data(ds, "nope")
+
+
+def test_compare_resume_reuses_saved_runs_and_refuses_another_comparison(tiny, tmp_path, monkeypatch):
+    """An interrupted comparison (one saved run deleted, as if killed before it) resumes by running only that run,
+    and gives the same results; a resume with other settings is refused; without resume the folder starts afresh."""
+    import mar_probe.compare as C
+    runs = (StrategyRun(label="m", name="marche", options=(("budget", 20),)),)
+    config = CompareConfig(runs=runs, num_samples=2, seeds=(0, 1), num_iter=3, grid_images=0, shadow=True)
+    first = compare(tiny, config, progress=False, partial=tmp_path / "p")
+    saved = sorted(p.name for p in (tmp_path / "p").glob("*.npz"))
+    assert saved == ["full.seed0.npz", "full.seed1.npz", "m.seed0.npz", "m.seed1.npz"]
+    (tmp_path / "p" / "m.seed1.npz").unlink()
+    calls = []
+    real = C.run_strategy
+    monkeypatch.setattr(C, "run_strategy", lambda *a, **k: calls.append(a[1].label) or real(*a, **k))
+    again = compare(tiny, config, progress=False, partial=tmp_path / "p", resume=True)
+    assert calls == ["m"]
+    for label in ("full", "m"):
+        for a, b in zip(first.runs[label], again.runs[label]):
+            assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.images, b.images) and a.flops == b.flops
+            assert set(a.shadow) == {"enc_kv_err", "dec_kv_err", "z_err"} and all(
+                np.array_equal(a.shadow[k], b.shadow[k], equal_nan=True) for k in a.shadow)
+            assert (a.seconds == b.seconds) == ((label, a.seed) != ("m", 1))   # loaded runs keep their seconds
+    assert again.results["strategies"]["m"]["fidelity"]["psnr"]["mean"] == \
+        first.results["strategies"]["m"]["fidelity"]["psnr"]["mean"]
+    other = dataclasses.replace(config, num_iter=4)
+    with pytest.raises(ValueError, match=r"cannot resume from .*another comparison \(settings that differ: \['num_iter'\]"):
+        compare(tiny, other, progress=False, partial=tmp_path / "p", resume=True)
+    calls.clear()
+    compare(tiny, config, progress=False, partial=tmp_path / "p")              # no resume: everything runs again
+    assert calls == ["full", "m", "full", "m"]
+
+
+def test_cli_compare_saves_partial_runs_and_resumes(tmp_path, capsys):
+    args = ["compare", "--strategies", "full,m=marche", "--strategy-opt", "m.budget=20", "--out", str(tmp_path)] + TINY
+    assert cli.main(args) == 0
+    table = capsys.readouterr().out.split("wrote")[0]
+    assert sorted(p.name for p in (tmp_path / "partial").glob("*.npz")) == ["full.seed0.npz", "m.seed0.npz"]
+    assert cli.main(args + ["--resume"]) == 0                                  # nothing left to run: same table
+    assert capsys.readouterr().out.split("wrote")[0] == table
+    assert cli.main(args + ["--resume", "--cfg", "2.0"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot resume" in err and "['cfg']" in err
