@@ -339,7 +339,7 @@ def _cmd_record(args) -> int:
     import torch
     from .models.checkpoints import DEFAULT_CHECKPOINT
     from .probe.record import image_shape, record
-    from .store.schema import estimate_size, format_bytes
+    from .store.schema import estimate_size, format_bytes, resolve
     torch.manual_seed(args.seed)  # random-weight presets: the same weights in every shard and resumed process
     model = build_model(args)
     labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
@@ -353,6 +353,11 @@ def _cmd_record(args) -> int:
             print(f"{name:16s} {format_bytes(n):>12s}")
         print(f"{'total':16s} {format_bytes(sum(sizes.values())):>12s} uncompressed, {len(labels)} samples x "
               f"{steps} steps; nothing written (--dry-run)")
+        layout = resolve(spec, model, num_samples=len(labels), num_iter=steps, cfg=args.cfg,
+                         images=image_shape(model, vae), steps_per_chunk=args.steps_per_chunk)
+        biggest = max(v.nbytes // v.shape[0] // v.shape[1] for v in layout.variables.values() if v.per_step)
+        print(f"chunks: {layout.steps_per_chunk} step(s) of one sample per chunk, the largest "
+              f"{format_bytes(biggest * layout.steps_per_chunk)} (--steps-per-chunk to change)")
         return 0
     checkpoint = None if args.model else (args.checkpoint or DEFAULT_CHECKPOINT)
     res = record(model, labels, args.out, spec, seed=args.seed, num_iter=args.num_iter, cfg=args.cfg,

@@ -272,6 +272,7 @@ def test_cli_dry_run_existing_store_and_mismatched_resume(tmp_path, ref_store, c
     lines = {ln.split()[0]: ln.split(None, 1)[1].strip() for ln in out.splitlines() if ln.strip()}
     assert all(lines[name] == format_bytes(n) for name, n in sizes.items())
     assert lines["enc_v"] == format_bytes(8 * 8 * 2 * 1 * (4 + 64) * 2 * 16 * 2)   # float16 [S, T, nb, 1, N, H, Dh]
+    assert lines["chunks:"].startswith("8 step(s) of one sample per chunk, the largest 68.0 KiB")  # 8 x enc_v step
     assert main(["record", *CLI, "--out", str(tmp_path / "d.zarr"), "--dry-run", "--strategy", "fewer-steps",
                  "--strategy-opt", "num_iter=4"]) == 0
     assert "8 samples x 4 steps" in capsys.readouterr().out
