@@ -17,8 +17,8 @@
 strategy), ``samples/LABEL.npz`` (images, labels, tokens [N, seq_len, dim] of the first seed, as
 ``mar-probe generate`` writes them) and ``grid.png`` (strategies in rows).
 With ``partial=DIR`` every finished (strategy, seed) run is kept in DIR (:class:`PartialRuns`), and ``resume=True``
-reuses them after an interruption. :func:`sweep` runs one strategy over a grid of one or two options with the same machinery and adds the Pareto
-front of speed against fidelity.
+reuses them after an interruption. :func:`sweep` runs one strategy over a grid of one or two options with the same
+machinery and adds the Pareto front of speed against fidelity.
 
 ``results.json`` (``format = "mar_probe.compare"``, ``version = 1``)::
 
@@ -33,8 +33,8 @@ front of speed against fidelity.
          "per_seed": [{"seed", "seconds", "flops", "frechet_distance", ...}, ...]}}}
 
 where ``I = {"mean", "lo", "hi", "n"}`` is a mean with its 95% Student-t interval over seeds (speed, Fréchet
-distance, FID, IS) or images (accuracy, shadow, paired differences), and ``D`` adds ``median``, ``q05``, ``q95``, ``min``, ``max``
-over all images of all seeds. ``full``'s own fidelity is exact (MSE 0, PSNR 100 dB = identical).
+distance, FID, IS) or images (accuracy, shadow, paired differences), and ``D`` adds ``median``, ``q05``, ``q95``,
+``min``, ``max`` over all images of all seeds. ``full``'s own fidelity is exact (MSE 0, PSNR 100 dB = identical).
 """
 from __future__ import annotations
 

@@ -136,7 +136,8 @@ def test_fashion_judge_per_image_accuracy_and_per_seed_frechet():
     (dict(runs=(StrategyRun(label="full", name="marche"),)), "'full' is the reference"),
     (dict(runs=(), seeds=(1, 1)), "seeds must be distinct"),
     (dict(runs=(), num_iter=0), "num_iter must be a positive integer, got 0"),
-    (dict(runs=(), paired_against="lazymar"), r"paired_against must be one of the strategy labels \['full'\], got 'lazymar'"),
+    (dict(runs=(), paired_against="lazymar"),
+     r"paired_against must be one of the strategy labels \['full'\], got 'lazymar'"),
 ])
 def test_compare_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -241,7 +242,7 @@ def test_compare_resume_reuses_saved_runs_and_refuses_another_comparison(tiny, t
     assert again.results["strategies"]["m"]["fidelity"]["psnr"]["mean"] == \
         first.results["strategies"]["m"]["fidelity"]["psnr"]["mean"]
     other = dataclasses.replace(config, num_iter=4)
-    with pytest.raises(ValueError, match=r"cannot resume from .*another comparison \(settings that differ: \['num_iter'\]"):
+    with pytest.raises(ValueError, match=r"cannot resume .*another comparison \(settings that differ: \['num_iter'\]"):
         compare(tiny, other, progress=False, partial=tmp_path / "p", resume=True)
     calls.clear()
     compare(tiny, config, progress=False, partial=tmp_path / "p")              # no resume: everything runs again

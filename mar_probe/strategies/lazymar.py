@@ -22,13 +22,13 @@ Every constant of the released code is an option with the code's default:
   half runs: delta blocks add their cached increment, other blocks reuse the cached MLP output with a fresh AdaLN
   gate (recomputing it while ``i > head_warm_fraction * T``), and ``uncond_eps = cond_eps - cached difference``.
 * ``head_batch_modulation`` (off by default; not in the released code): the AdaLN modulations that the head's
-  evaluations of a step need (a function of the timestep and of ``z``, both known before the reverse loop) are
-  made in one batched matrix product per layer over all reverse indices of a kind (recompute, cached) instead of
-  one small product per evaluation: the same products and the same values up to floating-point summation order.
-  The tables hold every index's timestep embedding, so evaluations skip ``time_embed`` and ``cond_embed(z)`` runs
-  once per step (z is the same at every index): fewer FLOPs by exactly those embeddings. On a CPU at batch 1 the head's evaluations are bound by reading weights, which
-  this reads once per step. With ``head_interval=1`` and no token or condition cache this is ``full`` with only
-  that reorganisation, the fair reference for its speed-up.
+  evaluations of a step need (a function of the timestep and of ``z``, both known before the reverse loop) are made
+  in one batched matrix product per layer over all reverse indices of a kind (recompute, cached) instead of one
+  small product per evaluation: the same products and the same values up to floating-point summation order. The
+  tables hold every index's timestep embedding, so evaluations skip ``time_embed`` and ``cond_embed(z)`` runs once
+  per step (z is the same at every index): fewer FLOPs by exactly those embeddings. On a CPU at batch 1 the head's
+  evaluations are bound by reading weights, which this reads once per step. With ``head_interval=1`` and no token or
+  condition cache this is ``full`` with only that reorganisation, the fair reference for its speed-up.
 
 Where the released code has no behaviour this follows the obvious extension: without CFG (the code needs it)
 no condition cache is used and the head cache runs on the single branch; a schedule shorter than the step count
