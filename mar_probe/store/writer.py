@@ -1,14 +1,15 @@
 """Creating a run store and writing it off the sampling thread.
 
-:func:`create_store` writes all metadata (arrays, coordinates, attrs) once, before any data; shards and
-resumed runs open it with :class:`StoreWriter`, which writes the chunks of everything queued concurrently. Every
-chunk holds one (sample, step) or one sample, so every write covers whole chunks: no chunk is read, modified and
-written back, and writers of disjoint samples never touch the same file. zarr's local store (zarr >= 3.1.3) writes
-each chunk to a temporary file and renames it into place, so a killed writer leaves no torn chunk. The ``done``
-flag of a (sample, step) is written only after that step's data, and ``complete`` of a sample only after all of
-its data and flags. A block still open when the writer closes (an interrupted run) is written with the steps it
-has and fill values elsewhere, its missing steps not flagged done; a killed process loses at most the open
-blocks, which ``--resume`` redoes.
+:func:`create_store` writes all metadata (arrays, coordinates, attrs) once, before any data; shards and resumed runs
+open it with :class:`StoreWriter`, which writes the chunks of everything queued concurrently. Every chunk holds one
+sample's block of steps (see :func:`~mar_probe.store.schema.auto_steps_per_chunk`) or one sample; the writer
+assembles a block in memory (:class:`StepBlocks`) and writes it once it is whole, so every write covers whole
+chunks: no chunk is read, modified and written back, and writers of disjoint samples never touch the same file.
+zarr's local store (zarr >= 3.1.3) writes each chunk to a temporary file and renames it into place, so a killed
+writer leaves no torn chunk. The ``done`` flag of a (sample, step) is written only after that step's data, and
+``complete`` of a sample only after all of its data and flags. A block still open when the writer closes (an
+interrupted run) is written with the steps it has and fill values elsewhere, its missing steps not flagged done; a
+killed process loses at most the open blocks, which ``--resume`` redoes.
 """
 from __future__ import annotations
 
