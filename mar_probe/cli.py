@@ -335,11 +335,24 @@ def _selection_from_args(args):
     return spec.replace(**{k: v for k, v in flags.items() if v is not None})
 
 
+def _print_dry_run(layout, num_samples: int, num_steps: int) -> None:
+    """Bytes per variable, total and chunking of a resolved recording of a run of ``num_samples`` x ``num_steps``
+    (``--dry-run``)."""
+    from .store.schema import format_bytes
+    for name, var in layout.variables.items():
+        print(f"{name:16s} {format_bytes(var.nbytes):>12s}")
+    print(f"{'total':16s} {format_bytes(sum(v.nbytes for v in layout.variables.values())):>12s} uncompressed, "
+          f"{num_samples} samples x {num_steps} steps; nothing written (--dry-run)")
+    biggest = max(v.step_nbytes for v in layout.variables.values() if v.per_step)
+    print(f"chunks: {layout.steps_per_chunk} step(s) of one sample per chunk, the largest "
+          f"{format_bytes(biggest * layout.steps_per_chunk)} (--steps-per-chunk to change)")
+
+
 def _cmd_record(args) -> int:
     import torch
     from .models.checkpoints import DEFAULT_CHECKPOINT
     from .probe.record import image_shape, record
-    from .store.schema import estimate_size, format_bytes, resolve
+    from .store.schema import format_bytes, resolve
     torch.manual_seed(args.seed)  # random-weight presets: the same weights in every shard and resumed process
     model = build_model(args)
     labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
@@ -348,16 +361,9 @@ def _cmd_record(args) -> int:
     strategy = _strategy_from_args(args)
     if args.dry_run:
         steps = strategy.num_steps(args.num_iter)
-        sizes = estimate_size(spec, model, len(labels), steps, cfg=args.cfg, images=image_shape(model, vae))
-        for name, n in sizes.items():
-            print(f"{name:16s} {format_bytes(n):>12s}")
-        print(f"{'total':16s} {format_bytes(sum(sizes.values())):>12s} uncompressed, {len(labels)} samples x "
-              f"{steps} steps; nothing written (--dry-run)")
-        layout = resolve(spec, model, num_samples=len(labels), num_iter=steps, cfg=args.cfg,
-                         images=image_shape(model, vae), steps_per_chunk=args.steps_per_chunk)
-        biggest = max(v.nbytes // v.shape[0] // v.shape[1] for v in layout.variables.values() if v.per_step)
-        print(f"chunks: {layout.steps_per_chunk} step(s) of one sample per chunk, the largest "
-              f"{format_bytes(biggest * layout.steps_per_chunk)} (--steps-per-chunk to change)")
+        _print_dry_run(resolve(spec, model, num_samples=len(labels), num_iter=steps, cfg=args.cfg,
+                               images=image_shape(model, vae), steps_per_chunk=args.steps_per_chunk),
+                       len(labels), steps)
         return 0
     checkpoint = None if args.model else (args.checkpoint or DEFAULT_CHECKPOINT)
     res = record(model, labels, args.out, spec, seed=args.seed, num_iter=args.num_iter, cfg=args.cfg,

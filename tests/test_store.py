@@ -316,8 +316,8 @@ def test_auto_steps_per_chunk_keeps_chunks_within_the_target():
                     num_iter=64, cfg=3.0)
     assert (full.steps_per_chunk, light.steps_per_chunk) == (4, 8)      # dec_k per step: 0.80 MiB and 0.40 MiB
     for lay in (full, light):
-        assert max(v.nbytes // v.shape[0] // v.shape[1] for v in lay.variables.values() if v.per_step) * \
-            lay.steps_per_chunk <= CHUNK_TARGET_BYTES
+        assert max(v.step_nbytes for v in lay.variables.values() if v.per_step) * lay.steps_per_chunk \
+            <= CHUNK_TARGET_BYTES
     assert auto_steps_per_chunk(small.variables, 64, target=5 * step) == 4      # largest power of two that fits
     assert auto_steps_per_chunk(small.variables, 64, target=step - 1) == 1      # one step already exceeds it
     assert auto_steps_per_chunk(small.variables, 3, target=10 * step) == 2      # at most the steps of the run

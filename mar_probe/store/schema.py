@@ -81,6 +81,11 @@ class VarLayout:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
+    @property
+    def step_nbytes(self) -> int:
+        """Bytes of one sample's step (per-step variables; a chunk holds ``steps_per_chunk`` of them)."""
+        return self.nbytes // (self.shape[0] * self.shape[1])
+
 
 @dataclass(frozen=True)
 class RunLayout:
@@ -176,7 +181,7 @@ def auto_steps_per_chunk(variables: dict, num_steps: int, target: int = CHUNK_TA
     small per-step chunks make recording CPU-bound; large ones cost memory, as a chunk is assembled before it
     is written. A variable whose one step already exceeds ``target`` gives one step per chunk.
     """
-    step_bytes = max(v.nbytes // (v.shape[0] * v.shape[1]) for v in variables.values() if v.per_step)
+    step_bytes = max(v.step_nbytes for v in variables.values() if v.per_step)
     block = 1
     while block * 2 <= num_steps and block * 2 * step_bytes <= target:
         block *= 2
