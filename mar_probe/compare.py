@@ -209,10 +209,9 @@ class PartialRuns:
     seconds measured by the process that ran it.
     """
 
-    def __init__(self, folder, config: CompareConfig, model, resume: bool):
-        from .probe.record import weights_sha256
+    def __init__(self, folder, config: CompareConfig, weights_sha256: str, resume: bool):
         self.folder = Path(folder)
-        ident = json.loads(json.dumps({"settings": config.to_dict(), "weights_sha256": weights_sha256(model)},
+        ident = json.loads(json.dumps({"settings": config.to_dict(), "weights_sha256": weights_sha256},
                                       default=_json_default))
         stamp = self.folder / "config.json"
         if resume and stamp.is_file():
@@ -266,8 +265,10 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
 
     With ``partial`` (a folder), every finished (strategy, seed) run is saved there as it completes (see
     :class:`PartialRuns`); with ``resume`` the runs already there are loaded instead of run again."""
+    from .probe.record import weights_sha256
     labels = config.label_array(model.num_classes)
-    saved = PartialRuns(partial, config, model, resume) if partial is not None else None
+    sha = weights_sha256(model)
+    saved = PartialRuns(partial, config, sha, resume) if partial is not None else None
     runs: dict[str, list[SeedRun]] = {r.label: [] for r in config.runs}
     jobs = [(seed, r) for seed in config.seeds for r in config.runs]
     for seed, r in tqdm(jobs, desc="compare", disable=not progress):
@@ -285,9 +286,8 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
         for label, entry in strategies.items():
             if label != config.paired_against:
                 entry["paired"] = paired_difference(fid[label], fid[config.paired_against], config.paired_against)
-    from .probe.record import weights_sha256
     results = {"format": FORMAT, "version": VERSION, "settings": config.to_dict(), "machine": machine(),
-               "model": model.config.name, "weights_sha256": weights_sha256(model), "strategies": strategies}
+               "model": model.config.name, "weights_sha256": sha, "strategies": strategies}
     return CompareResult(results, runs)
 
 
