@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ._config import checked_fields
 from .models import MAR, preset_config
+from .models.blocks import ATTENTION_KERNELS, set_attention_kernel
 from .models.checkpoints import read_checkpoint
 from .models.tokenizer import PixelTokenizer
 
@@ -46,6 +47,9 @@ class TrainConfig:
     threads: int = 0
     init: str | None = None  # start from the (EMA) weights of this checkpoint instead of random weights
     amp: str = "bf16"  # "bf16": transformer under bfloat16 autocast (the diffusion head stays float32); "none"
+    attention: str = "explicit"  # softmax-attention kernel while training (models.blocks.ATTENTION_KERNELS)
+    compile: bool = False  # torch.compile the encoder and decoder (dynamic shapes; about 1-2 min to compile)
+    max_minutes: float = 0.0  # >0: stop (and save) after this much wall time; a later call resumes
 
     def __post_init__(self):
         for f in ("iters", "batch_size", "ckpt_every"):
@@ -55,6 +59,10 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.dataset must be 'fashion' or 'digits', got {self.dataset!r}")
         if self.amp not in ("bf16", "none"):
             raise ValueError(f"TrainConfig.amp must be 'bf16' or 'none', got {self.amp!r}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"TrainConfig.attention must be one of {ATTENTION_KERNELS!r}, got {self.attention!r}")
+        if not (self.max_minutes >= 0 and math.isfinite(self.max_minutes)):
+            raise ValueError(f"TrainConfig.max_minutes must be a finite number >= 0, got {self.max_minutes!r}")
         if self.lr <= 0 or not 0 <= self.ema_rate < 1:
             raise ValueError(f"need lr > 0 and 0 <= ema_rate < 1, got lr={self.lr!r}, ema_rate={self.ema_rate!r}")
 
@@ -122,8 +130,21 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
     elif cfg.init:
         _warm_start(model, ema, cfg.init)
     latents, labels = _load_training_latents(cfg, model)
+    _prepare_for_speed(cfg, model)
     _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng)
     return ckpt_path
+
+
+def _prepare_for_speed(cfg: TrainConfig, model: MAR) -> None:
+    """The training-only speed settings: the attention kernel and, optionally, compiled stacks.
+
+    Neither changes the state dict: a checkpoint trained either way loads and samples the same way.
+    """
+    set_attention_kernel(model, cfg.attention)
+    if cfg.compile:
+        # dynamic=True: the encoder's row count changes with every iteration's mask ratio
+        model.forward_mae_encoder = torch.compile(model.forward_mae_encoder, dynamic=True)
+        model.forward_mae_decoder = torch.compile(model.forward_mae_decoder, dynamic=True)
 
 
 def _warm_start(model, ema, path) -> None:
@@ -139,7 +160,8 @@ def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen,
     def rng_state():
         return {"torch": gen.get_state(), "numpy": np_rng.bit_generator.state}
     model.train()
-    done, rng_done, t0 = start, rng_state(), time.time()
+    # history times are cumulative over resumed runs of the same phase
+    done, rng_done, t0 = start, rng_state(), time.time() - (history[-1][2] if history else 0.0)
     bar = tqdm(range(start, cfg.iters), initial=start, total=cfg.iters, desc="train", smoothing=0.05)
     try:
         for it in bar:
@@ -149,6 +171,9 @@ def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen,
             bar.set_postfix(loss=f"{loss:.4f}")
             if done % cfg.ckpt_every == 0:
                 save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
+            if cfg.max_minutes and time.time() - t0 >= 60 * cfg.max_minutes:
+                print(f"\nstopping after iteration {done}: --max-minutes {cfg.max_minutes:g} reached")
+                break
     except KeyboardInterrupt:
         print(f"\ninterrupted after iteration {done}: saving {ckpt_path}")
     save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)

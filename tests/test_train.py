@@ -70,3 +70,50 @@ def test_warm_start_copies_weights_and_rejects_other_presets(tmp_path):
     torch.save({"model_ema": create_model("mar_tiny_latent").state_dict()}, tmp_path / "other.pth")
     with pytest.raises(CheckpointError, match="mar_tiny_latent"):
         train(dataclasses.replace(_cfg(tmp_path / "bad", 1), init=str(tmp_path / "other.pth")))
+
+
+def test_training_attention_kernel_gives_the_fused_kernels_loss_and_gradients():
+    """The explicit kernel (training's default, faster under bf16 on a CPU) computes the same attention."""
+    import numpy as np
+    from mar_probe import create_model
+    from mar_probe.models.blocks import set_attention_kernel
+    x, labels = torch.randn(4, 4, 8, 8).clamp(-1, 1), torch.tensor([0, 1, 2, 3])  # tokens [B, C*s*s, h, w]
+    losses, grads = [], []
+    for kernel in ("sdpa", "explicit"):
+        torch.manual_seed(0)
+        model = create_model("mar_tiny").train()
+        for p in model.diffloss.net.final_layer.parameters():  # zero at init: no gradient would reach attention
+            torch.nn.init.normal_(p, std=0.02)
+        set_attention_kernel(model, kernel)
+        loss = model(x, labels, generator=torch.Generator().manual_seed(1), np_rng=np.random.default_rng(1))
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(model.encoder_blocks[0].attn.qkv.weight.grad.clone())
+    assert abs(losses[0] - losses[1]) < 1e-5 * abs(losses[0]) and losses[0] > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    assert grads[0].abs().sum() > 0
+
+
+def test_bad_kernel_and_time_budget_are_refused():
+    import pytest
+    from mar_probe import create_model
+    from mar_probe.models.blocks import set_attention_kernel
+    with pytest.raises(ValueError, match=r"unknown attention kernel 'flash'; expected one of \('sdpa', 'explicit'\)"):
+        set_attention_kernel(create_model("mar_tiny"), "flash")
+    with pytest.raises(ValueError, match=r"TrainConfig.attention must be one of .*got 'flash'"):
+        TrainConfig(attention="flash")
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="max_minutes must be a finite number >= 0"):
+            TrainConfig(max_minutes=bad)
+
+
+def test_time_budget_stops_then_a_rerun_resumes_to_the_end(tmp_path, capsys):
+    import dataclasses
+    budget = dataclasses.replace(_cfg(tmp_path, 4), max_minutes=1e-9)  # over budget after the first iteration
+    state = torch.load(train(budget), weights_only=False)
+    assert state["epoch"] == 1 and len(state["loss_history"]) == 1
+    assert "stopping after iteration 1: --max-minutes 1e-09 reached" in capsys.readouterr().out
+    state = torch.load(train(_cfg(tmp_path, 4)), weights_only=False)
+    assert state["epoch"] == 4 and [h[0] for h in state["loss_history"]] == [0, 1, 2, 3]
+    times = [h[2] for h in state["loss_history"]]
+    assert times == sorted(times) and times[0] > 0  # wall time is cumulative over the resumed run

@@ -6,6 +6,8 @@ hooks it changes nothing. Names: ``attn.hook_q/k/v`` [B, H, N, Dh], ``attn.hook_
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -31,8 +33,19 @@ class Mlp(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
+AttentionKernel = Literal["sdpa", "explicit"]
+ATTENTION_KERNELS: tuple[str, ...] = ("sdpa", "explicit")
+
+
 class Attention(nn.Module):
-    """Multi-head self-attention with a fused ``qkv`` projection, split into reusable pieces."""
+    """Multi-head self-attention with a fused ``qkv`` projection, split into reusable pieces.
+
+    ``kernel`` picks how :meth:`attend` computes softmax attention: ``"sdpa"`` (the fused kernel, what sampling
+    uses, bit-exact with the official code) or ``"explicit"`` (``softmax(q k^T) v`` as three ops). Training
+    sets ``"explicit"``: under bf16 autocast on a CPU its matrix products run on the bf16 units, and the
+    fused kernel's backward pass was 1.4x slower per iteration for the 12+12 model (issue 14,
+    ``benchmarks/results/train_speed.json``).
+    """
 
     def __init__(self, dim: int, num_heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__()
@@ -40,6 +53,7 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.attn_drop_p = attn_drop
+        self.kernel: AttentionKernel = "sdpa"
         self.qkv = nn.Linear(dim, dim * 3, bias=True)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -55,6 +69,8 @@ class Attention(nn.Module):
     def attend(self, q, k, v):
         """Softmax attention [B, H, Nq, Dh] x [B, H, Nk, Dh] -> [B, H, Nq, Dh]."""
         p = self.attn_drop_p if self.training else 0.0
+        if self.kernel == "explicit":
+            return explicit_attention(q, k, v, dropout_p=p)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
 
     def project(self, o):
@@ -67,10 +83,22 @@ class Attention(nn.Module):
         return self.project(self.attend(q, k, v))
 
 
-def explicit_attention(q, k, v, scale=None):
-    """Reference softmax(q k^T * scale) v, used to check the fused kernel."""
+def explicit_attention(q, k, v, scale=None, dropout_p: float = 0.0):
+    """softmax(q k^T * scale) v as three ops: the reference for the fused kernel, and the training kernel."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v
+    weights = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1)  # [B, H, Nq, Nk]
+    if dropout_p > 0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v
+
+
+def set_attention_kernel(model: nn.Module, kernel: AttentionKernel) -> None:
+    """Set the softmax-attention kernel of every :class:`Attention` in ``model``."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected one of {ATTENTION_KERNELS!r}")
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.kernel = kernel
 
 
 class Block(nn.Module):

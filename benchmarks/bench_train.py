@@ -1,0 +1,107 @@
+"""Training speed: seconds per iteration of one preset under each training speed setting, side by side.
+
+The settings change how the same arithmetic runs, not what it computes (tests/test_train.py checks that the
+explicit attention kernel gives the fused kernel's loss and gradients): bf16 autocast with the fused SDPA
+kernel (the first embedded model's recipe), the explicit kernel, and the explicit kernel with the encoder and
+decoder compiled. Variants run in rounds, alternating, in one process, on the same batches; the first
+iterations of each are warm-up (compilation included) and not timed.
+
+    python benchmarks/bench_train.py --preset fashion_b128 --threads 2 --rounds 2 --iters 6
+
+writes ``benchmarks/results/train_speed.json`` (median seconds per iteration per variant and ratios to the first).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_result  # noqa: E402
+
+VARIANTS = {"sdpa": dict(attention="sdpa", compile=False), "explicit": dict(attention="explicit", compile=False),
+            "explicit+compile": dict(attention="explicit", compile=True)}
+
+
+@dataclass
+class Trainee:
+    """One variant's model, EMA, optimiser and random streams."""
+    cfg: object
+    model: object
+    ema: object
+    opt: object
+    gen: object
+    np_rng: object
+
+
+def _setup(preset: str, variant: dict, batch_size: int) -> Trainee:
+    import numpy as np
+    import torch
+
+    from mar_probe.models import MAR, preset_config
+    from mar_probe.train import TrainConfig, _prepare_for_speed
+    cfg = TrainConfig(preset=preset, batch_size=batch_size, **variant)
+    torch.manual_seed(0)
+    model = MAR(preset_config(preset))
+    ema = copy.deepcopy(model)
+    _prepare_for_speed(cfg, model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return Trainee(cfg=cfg, model=model.train(), ema=ema, opt=opt, gen=torch.Generator().manual_seed(0),
+                   np_rng=np.random.default_rng(0))
+
+
+def _time(t: Trainee, latents, labels, start: int, iters: int) -> list[float]:
+    from mar_probe.train import _train_step
+    times = []
+    for it in range(start, start + iters):
+        t0 = time.perf_counter()
+        _train_step(t.cfg, t.model, t.ema, t.opt, latents, labels, it, t.gen, t.np_rng)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="fashion_b128")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=4, help="untimed iterations per variant (compilation happens here)")
+    p.add_argument("--iters", type=int, default=6, help="timed iterations per variant and round")
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args(argv)
+    import torch
+
+    from mar_probe.data import load_fashion_mnist
+    from mar_probe.models import preset_config
+    from mar_probe.models.tokenizer import PixelTokenizer
+    torch.set_num_threads(args.threads)
+    c = preset_config(args.preset)
+    images, labels = load_fashion_mnist("train")
+    latents = PixelTokenizer(c.img_size, c.vae_stride, c.image_channels, c.crop_size).encode(images[:2048])
+    labels = torch.as_tensor(labels[:2048])
+    states = {name: _setup(args.preset, v, args.batch_size) for name, v in VARIANTS.items()}
+    for state in states.values():
+        _time(state, latents, labels, 0, args.warmup)
+    times = {name: [] for name in VARIANTS}
+    for r in range(args.rounds):
+        for name in (VARIANTS if r % 2 == 0 else reversed(VARIANTS)):
+            start = args.warmup + r * args.iters
+            times[name] += _time(states[name], latents, labels, start, args.iters)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    first = next(iter(VARIANTS))
+    payload = dict(command="python benchmarks/bench_train.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   preset=args.preset, batch_size=args.batch_size, threads=args.threads,
+                   seconds_per_iteration_median=med, speedup_over_sdpa={n: med[first] / m for n, m in med.items()},
+                   seconds=times)
+    print(write_result("train_speed", payload))
+    for name, m in med.items():
+        print(f"{name:18s} {m:.3f} s/iteration  {med[first] / m:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,188 @@
+"""The headline measurements of docs/findings.md at several training stages of one architecture (issue 14).
+
+Which conclusions are properties of the architecture and the decoding schedule, and which move with training?
+Each stage (random initialisation, an early checkpoint, the final model) is recorded and summarised as
+``mar-probe study`` does (same samples, seeds and sampling settings for every stage), and ``full``, ``marche``
+and ``lazymar`` sample the same labels and seeds for their paired fidelity against ``full``:
+
+    python benchmarks/training_stages.py --stage init=init:fashion_b128 \\
+        --stage early=runs/pilots/fashion_b128/ema.pth --stage final=data/fashion_b.pth --out runs/stages
+
+writes ``benchmarks/results/training_stages.{csv,json,png}``: one row per (stage, quantity) with the mean, its
+95% t-interval over samples (images for the fidelity rows) and n. ``init:PRESET`` is the preset's random
+initialisation exactly as ``mar-probe train`` draws it (seed 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, machine  # noqa: E402
+
+NAME = "training_stages"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSettings:
+    """What every stage is measured with (identical across stages, so the rows compare)."""
+    samples_per_seed: int
+    seeds: tuple[int, ...]
+    compare_samples: int
+    compare_seeds: tuple[int, ...]
+    num_iter: int
+    cfg: float
+    temperature: float
+    layer: int          # MARche's selection layer, 0-based (its "Layer 2" is 1)
+    lazymar_layer: int  # LazyMAR's pruning layer, 0-based (index 3 of MAR-B's 12 decoder layers)
+    k: int
+
+
+def load_stage(spec: str):
+    """``init:PRESET`` (the training run's random initialisation) or a checkpoint path -> (model, path or None)."""
+    import torch
+
+    from mar_probe.models import MAR, preset_config
+    from mar_probe.models.checkpoints import load_model
+    if spec.startswith("init:"):
+        torch.manual_seed(0)  # as mar_probe.train.train draws the initial weights
+        return MAR(preset_config(spec[len("init:"):])).eval(), None
+    return load_model(spec), spec
+
+
+def _row(stage: str, quantity: str, r) -> dict:
+    return dict(stage=stage, quantity=quantity, mean=float(r["mean"]), lo=float(r["lo"]), hi=float(r["hi"]),
+                n=int(r["n"]))
+
+
+def summary_rows(stage: str, table: pd.DataFrame, s: StageSettings) -> list[dict]:
+    """The findings' headline numbers, read off a run_summary table."""
+    def one(**match):
+        sel = np.ones(len(table), bool)
+        for col, val in match.items():
+            sel &= (table[col] == val).to_numpy()
+        if not sel.any():
+            raise KeyError(f"no summary row matches {match!r}")
+        return table[sel].iloc[0]
+    gaps = table[(table["quantity"] == "mean_cos_minus_t-1") & (table["var"] == "dec_resid_post")]
+    nxt = s.layer + 1
+    rows = [_row(stage, "t-1 mean cosine (hidden state)", one(quantity="mean_cos", var="dec_resid_post",
+                                                              category="t-1")),
+            _row(stage, "closest category minus t-1 (cosine)", gaps.loc[gaps["mean"].idxmin()]),
+            _row(stage, "CFG residual ratio, step-averaged MSE", one(quantity="ratio_cond/residual")),
+            _row(stage, "CFG residual ratio, median step", one(quantity="median_step_ratio_cond/residual"))]
+    for selector, label in ((f"attention@layer{s.layer}", "attention"),
+                            (f"lazymar_vcos@layer{s.lazymar_layer}", "LazyMAR V-cosine"), ("random", "random")):
+        r = one(section="selection", quantity="precision_topk_drift", selector=selector, layer=nxt)
+        rows.append(_row(stage, f"top-{s.k} precision vs K drift at layer {nxt}: {label}", r))
+    rows.append(_row(stage, f"top-{s.k} attention overlap, layer {nxt} with layer {s.layer}",
+                     one(quantity=f"topk_overlap_with_layer{s.layer}", layer=nxt)))
+    return rows
+
+
+def study_stage(stage: str, model, checkpoint, out: Path, s: StageSettings) -> list[dict]:
+    from mar_probe.analysis import open_runs, run_summary
+    from mar_probe.study import StudyConfig, _record_all
+    cfg = StudyConfig(out=str(out), samples_per_seed=s.samples_per_seed, seeds=s.seeds, num_iter=s.num_iter,
+                      cfg=s.cfg, temperature=s.temperature, layer=s.layer, k=s.k)
+    out.mkdir(parents=True, exist_ok=True)
+    ds = open_runs(_record_all(model, cfg, out, checkpoint, progress=True))
+    table, skipped = run_summary(ds, layer=s.layer, lazymar_layer=s.lazymar_layer, k=s.k)
+    if skipped:
+        raise SystemExit(f"stage {stage!r}: summary sections skipped: {skipped!r}")
+    return summary_rows(stage, table, s)
+
+
+def compare_stage(stage: str, model, s: StageSettings) -> list[dict]:
+    """marche and lazymar against full on the same images: PSNR, and marche minus lazymar per image."""
+    from mar_probe.compare import CompareConfig, StrategyRun, compare
+    config = CompareConfig(runs=(StrategyRun(label="marche", name="marche"), StrategyRun(label="lazymar", name="lazymar")),
+                           num_samples=s.compare_samples, seeds=s.compare_seeds, num_iter=s.num_iter, cfg=s.cfg,
+                           temperature=s.temperature, batch_size=s.compare_samples, paired_against="lazymar",
+                           grid_images=0)
+    res = compare(model, config).results["strategies"]
+    return [_row(stage, "marche PSNR vs full (dB)", res["marche"]["fidelity"]["psnr"]),
+            _row(stage, "lazymar PSNR vs full (dB)", res["lazymar"]["fidelity"]["psnr"]),
+            _row(stage, "marche minus lazymar PSNR, paired (dB)", res["marche"]["paired"]["psnr"])]
+
+
+def plot(frame: pd.DataFrame, stages: list[str], path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    quantities = list(dict.fromkeys(frame["quantity"]))
+    cols = 4
+    rows = -(-len(quantities) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    x = np.arange(len(stages))
+    for ax, q in zip(axes.ravel(), quantities):
+        d = frame[frame["quantity"] == q].set_index("stage").reindex(stages)
+        err = np.vstack([d["mean"] - d["lo"], d["hi"] - d["mean"]])
+        ax.errorbar(x, d["mean"], yerr=np.nan_to_num(err), fmt="o-", capsize=4)
+        ax.set_xticks(x, stages)
+        ax.set_xlabel("training stage")
+        ax.set_ylabel("mean [95% CI]")
+        ax.set_title(q, fontsize=8.5, wrap=True)
+    for ax in axes.ravel()[len(quantities):]:
+        ax.axis("off")
+    fig.suptitle("Headline measurements across training stages (mean and 95% interval over samples)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage", action="append", required=True, metavar="NAME=init:PRESET|PATH")
+    p.add_argument("--samples-per-seed", type=int, default=10)
+    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--compare-samples", type=int, default=10)
+    p.add_argument("--compare-seeds", default="0,1")
+    p.add_argument("--num-iter", type=int, default=64)
+    p.add_argument("--cfg", type=float, default=3.0)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--layer", type=int, default=1)
+    p.add_argument("--lazymar-layer", type=int, default=3)
+    p.add_argument("--k", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="runs/stages")
+    args = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(args.threads)
+    s = StageSettings(samples_per_seed=args.samples_per_seed, seeds=tuple(map(int, args.seeds.split(","))),
+                      compare_samples=args.compare_samples,
+                      compare_seeds=tuple(map(int, args.compare_seeds.split(","))), num_iter=args.num_iter,
+                      cfg=args.cfg, temperature=args.temperature, layer=args.layer, lazymar_layer=args.lazymar_layer,
+                      k=args.k)
+    stages = dict(spec.split("=", 1) for spec in args.stage)
+    rows, seconds, sources = [], {}, {}
+    for name, spec in stages.items():
+        t0 = time.time()
+        model, checkpoint = load_stage(spec)
+        from mar_probe.probe.record import weights_sha256
+        sources[name] = {"source": spec, "weights_sha256": weights_sha256(model)}
+        rows += study_stage(name, model, checkpoint, Path(args.out) / name, s)
+        rows += compare_stage(name, model, s)
+        seconds[name] = time.time() - t0
+    frame = pd.DataFrame(rows)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(RESULTS / f"{NAME}.csv", index=False)
+    command = "python benchmarks/training_stages.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    (RESULTS / f"{NAME}.json").write_text(json.dumps(
+        {"command": command, "machine": machine(), "settings": s.__dict__, "stages": sources,
+         "seconds": seconds, "rows": rows}, indent=2))
+    plot(frame, list(stages), RESULTS / f"{NAME}.png")
+    print(frame.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
