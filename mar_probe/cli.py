@@ -253,9 +253,11 @@ def _add_train(p):
     p.add_argument("--out", dest="out_dir", default="runs/train", help="checkpoint folder (default: runs/train)")
     for name, typ in (("iters", int), ("batch-size", int), ("lr", float), ("min-lr", float), ("warmup-iters", int),
                       ("weight-decay", float), ("grad-clip", float), ("ema-rate", float), ("ckpt-every", int),
-                      ("seed", int), ("threads", int)):
+                      ("seed", int), ("threads", int), ("max-minutes", float)):
         p.add_argument(f"--{name}", type=typ, help="see TrainConfig (default: its default)")
     p.add_argument("--amp", choices=["bf16", "none"])
+    p.add_argument("--attention", choices=["explicit", "sdpa"], help="attention kernel while training (default: explicit)")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the encoder and decoder")
     p.add_argument("--init", metavar="PATH", help="start from this checkpoint's (EMA) weights, e.g. data/fashion_small.pth")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     p.add_argument("--export", metavar="PATH", help="after training, write the EMA-only checkpoint here")
@@ -319,6 +321,8 @@ def _add_record(p):
     g.add_argument("--dry-run", action="store_true", help="print the store size per variable and exit")
     g.add_argument("--resume", action="store_true", help="complete an existing store (skips complete samples)")
     g.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    g.add_argument("--repair", action="store_true", help="with --resume: first find chunks of finished steps that "
+                   "are missing or undecodable (as `mar-probe verify`) and re-record their samples")
     g.add_argument("--shard", metavar="I/N", help="write the I-th of N disjoint parts (concurrent processes)")
     g.add_argument("--queue-size", type=int, default=8, help="step records buffered for the writer (default: 8)")
     g.add_argument("--compression", default="lz4", choices=["lz4", "zstd", "none"],
@@ -369,12 +373,24 @@ def _cmd_record(args) -> int:
     res = record(model, labels, args.out, spec, seed=args.seed, num_iter=args.num_iter, cfg=args.cfg,
                  cfg_schedule=args.cfg_schedule, temperature=args.temperature, rng=args.rng,
                  batch_size=args.batch_size, strategy=strategy, vae=vae, checkpoint=checkpoint,
-                 resume=args.resume, overwrite=args.overwrite, shard=args.shard, queue_size=args.queue_size,
+                 resume=args.resume, overwrite=args.overwrite, repair=args.repair, shard=args.shard, queue_size=args.queue_size,
                  compression=args.compression, steps_per_chunk=args.steps_per_chunk, progress=True)
     print(f"wrote {res.samples_written} samples ({res.samples_skipped} already complete) to {res.path}: "
           f"{format_bytes(res.bytes_logical)} uncompressed in {res.seconds:.1f} s; open with "
           f"mar_probe.open_run({str(res.path)!r})")
     return 0
+
+
+def _add_verify(p):
+    p.add_argument("store", nargs="+", help="run store(s) written by `mar-probe record`")
+
+
+def _cmd_verify(args) -> int:
+    from .store.integrity import verify
+    reports = [verify(path) for path in args.store]
+    for report in reports:
+        print(report.format())
+    return 0 if all(r.ok for r in reports) else 1
 
 
 def _add_figures(p):
@@ -485,6 +501,8 @@ SUBCOMMANDS = {
     "sweep": (_add_sweep, _cmd_sweep, "one strategy over a grid of one or two options: trade-off CSV and Pareto plot"),
     "study": (_add_study, _cmd_study, "the main job: record the embedded model, write its image grid, figures "
               "and summary"),
+    "verify": (_add_verify, _cmd_verify, "check that every chunk of a store's finished steps is present and "
+               "decodable (exit 1 when damaged)"),
     "figures": (_add_figures, _cmd_figures, "write every analysis figure (images, CSVs, index.md/html) of a run"),
     "analyze": (_add_analyze, _cmd_analyze, "summary table of a run's redundancy measurements with intervals"),
     "presets": (_add_presets, _cmd_presets, "list model presets"),

@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,13 +168,12 @@ def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite
     if out.exists() and (resume or shard is not None):
         check_identity(out, attrs)
         return
-    if resume:
-        raise FileNotFoundError(f"cannot resume: store {str(out)!r} does not exist; expected a store written by "
-                                "an earlier `mar-probe record` with the same settings (a run killed before it "
-                                "created its store left none: run again without --resume)")
+    if resume:  # a run killed before its store was committed left none: resuming it means starting it
+        print(f"store {str(out)!r} does not exist yet: starting it", file=sys.stderr)
     if out.exists() and not overwrite:
         raise StoreExistsError(f"store {str(out)!r} already exists; pass --resume to complete it or --overwrite "
                               "to replace it")
+    remove_stale_temporaries(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         create_store(tmp, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=True, compression=compression)
@@ -188,6 +188,29 @@ def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite
     except OSError:  # another shard created it first
         shutil.rmtree(tmp, ignore_errors=True)
         check_identity(out, attrs)
+
+
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Remove the temporary folders (``.NAME.tmp-PID``) that killed processes left while creating ``out``.
+
+    A folder whose process still runs (another shard creating the store right now) is kept."""
+    removed = []
+    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _sample_arrays(model, tokens, orders, vae, dims) -> list[dict]:
@@ -223,7 +246,7 @@ class _Progress:
 def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int = 0, num_iter: int | None = None,
            cfg: float | None = None, cfg_schedule: str | None = None, temperature: float | None = None, rng: str = "own",
            batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
-           overwrite: bool = False, shard=None, queue_size: int = 8, writer_threads: int = 4,
+           overwrite: bool = False, repair: bool = False, shard=None, queue_size: int = 8, writer_threads: int = 4,
            compression: str = "lz4", steps_per_chunk: int | None = None, progress: bool = False) -> RecordResult:
     """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.
 
@@ -254,6 +277,9 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
         Complete an existing store: samples flagged complete are skipped, the others redone.
     overwrite : bool
         Replace an existing store.
+    repair : bool
+        With ``resume``: first check every chunk of the finished steps (:func:`~mar_probe.store.integrity.verify`)
+        and re-record the samples with missing or undecodable chunks, so the store equals an undamaged run.
     shard : str or (int, int), optional
         ``"I/N"``: write only the I-th of N disjoint parts; shards may run concurrently on one store.
     queue_size : int
@@ -275,11 +301,15 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
     st = resolve_sampling(model, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature)
     num_iter, cfg, cfg_schedule, temperature = st["num_iter"], st["cfg"], st["cfg_schedule"], st["temperature"]
     compressors(compression)  # an unknown name fails before anything runs
+    if repair and not resume:
+        raise ValueError("--repair re-records the damaged samples of an existing store: give it with --resume")
     plan = _plan(model, labels, out, spec, seed=seed, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule,
                  temperature=temperature, rng=rng, batch_size=batch_size, strategy=strategy, vae=vae,
                  checkpoint=checkpoint, shard=shard, steps_per_chunk=steps_per_chunk)
     _prepare_store(plan["out"], plan["layout"], plan["attrs"], plan["labels"], plan["seeds"], resume=resume,
                    overwrite=overwrite, shard=plan["shard"], compression=compression)
+    if repair:
+        _mark_damage(plan["out"])
     return _run(model, plan, vae=vae, queue_size=queue_size, threads=writer_threads, progress=progress)
 
 
@@ -300,6 +330,16 @@ def _plan(model, labels, out, spec, *, seed, num_iter, cfg, cfg_schedule, temper
     attrs = run_attrs(model, spec, labels, seed, sampling, strategy, checkpoint)
     return dict(out=Path(out), layout=layout, attrs=attrs, labels=labels, seeds=seeds, strategy=strategy,
                 sampling=sampling, shard=parse_shard(shard))
+
+
+def _mark_damage(out: Path) -> None:
+    """``--repair``: clear the flags of damaged samples so that this resumed run re-records them."""
+    from ..store.integrity import mark_for_repair, verify
+    report = verify(out)
+    if not report.ok:
+        rows = mark_for_repair(out, report)
+        print(f"repair: {len(report.damages)} damaged chunks in {len(rows)} samples; re-recording them",
+              file=sys.stderr)
 
 
 def _run(model, plan: dict, *, vae, queue_size: int, threads: int, progress: bool) -> RecordResult:

@@ -1,6 +1,7 @@
 """The zarr store of a recorded run: schema, writer and the lazy xarray reader."""
-from .reader import IncompleteRunWarning, SchemaError, open_run, read_attrs
+from .integrity import IntegrityReport, mark_for_repair, missing_chunks, verify
+from .reader import DamagedRunWarning, IncompleteRunWarning, SchemaError, open_run, read_attrs
 from .schema import SCHEMA_VERSION, estimate_size, format_bytes, resolve
 
-__all__ = ["SCHEMA_VERSION", "IncompleteRunWarning", "SchemaError", "estimate_size", "format_bytes", "open_run",
+__all__ = ["SCHEMA_VERSION", "DamagedRunWarning", "IncompleteRunWarning", "IntegrityReport", "mark_for_repair", "missing_chunks", "verify", "SchemaError", "estimate_size", "format_bytes", "open_run",
            "read_attrs", "resolve"]

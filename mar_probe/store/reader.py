@@ -19,6 +19,10 @@ class IncompleteRunWarning(UserWarning):
     """The store has (sample, step) pairs whose data were not (completely) written."""
 
 
+class DamagedRunWarning(UserWarning):
+    """Chunks of finished steps or samples are missing from the store (they would read as fill values)."""
+
+
 class SchemaError(ValueError):
     """The path is not a mar_probe run store of a schema version this code reads."""
 
@@ -79,6 +83,8 @@ def open_run(path: str | Path, *, mask_incomplete: bool = True, warn: bool = Tru
     except ImportError:
         chunks = None
     ds = xr.open_zarr(str(path), consolidated=False, chunks=chunks, mask_and_scale=False)
+    if chunks is not None:
+        ds = _checked_reads(ds, path)
     for name in list(ds.data_vars):
         if ds[name].attrs.get("mar_probe_dtype") == "bfloat16":
             dec = xr.apply_ufunc(_bf16_to_f32, ds[name], dask="parallelized", output_dtypes=[np.float32])
@@ -92,9 +98,54 @@ def open_run(path: str | Path, *, mask_incomplete: bool = True, warn: bool = Tru
     return _mark_incomplete(ds, path, mask_incomplete, warn)
 
 
+class _CheckedChunks:
+    """A zarr array whose failed chunk reads raise :class:`~mar_probe.store.writer.StoreDamagedError` naming the
+    variable, the chunk and the fix, instead of a codec's bare traceback (issue 19)."""
+
+    def __init__(self, array, name: str, path):
+        self.array, self.name, self.path = array, name, path
+        self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
+
+    def __getitem__(self, key):
+        try:
+            return self.array[key]
+        except (RuntimeError, ValueError) as exc:  # blosc, checksum and codec failures
+            from .writer import StoreDamagedError, damaged_message
+            starts = tuple(k.start or 0 for k in key) if isinstance(key, tuple) else ()
+            chunk = tuple(s // c for s, c in zip(starts, self.array.chunks))
+            raise StoreDamagedError(damaged_message(self.path, f"chunk {chunk!r} of {self.name!r}", exc)) from exc
+
+
+def _checked_reads(ds, path):
+    """Re-back every dask variable by :class:`_CheckedChunks` with the same chunks."""
+    import dask.array as da
+    root = zarr.open_group(str(path), mode="r", use_consolidated=False)
+    for name in list(ds.data_vars):
+        data = ds[name].data
+        if hasattr(data, "dask") and data.ndim:
+            checked = da.from_array(_CheckedChunks(root[name], name, path), chunks=data.chunks, asarray=True,
+                                    lock=False, fancy=False, name=f"mar-probe-{name}-{data.name}")
+            ds[name] = ds[name].copy(data=checked)
+    return ds
+
+
+def _missing(path, warn: bool) -> list:
+    """The (sample, step) pairs whose chunks are absent (a listing: no data chunk is read); warns about them."""
+    from .integrity import missing_chunks
+    report = missing_chunks(path)
+    if warn and not report.ok:
+        warnings.warn(f"run {str(path)!r} is damaged: {len(report.damages)} chunks of finished steps or samples are "
+                      f"missing or unreadable ({len(report.pairs)} (sample, step) pairs of samples "
+                      f"{list(report.samples)[:8]!r}); they read as fill values (NaN). `mar-probe verify {path}` "
+                      "lists them; `mar-probe record ... --resume --repair` re-records them.", DamagedRunWarning,
+                      stacklevel=4)
+    return [list(p) for p in report.pairs]
+
+
 def _mark_incomplete(ds, path, mask: bool, warn: bool):
-    done = ds["done"].values
-    complete = ds["complete"].values
+    from .writer import read_flags
+    done, complete = read_flags(path)
+    ds.attrs["damaged"] = _missing(path, warn)
     bad = np.argwhere(~done)
     samples = ds["sample"].values
     ds.attrs["incomplete"] = [(int(samples[i]), int(ds["step"].values[j])) for i, j in bad]
