@@ -125,7 +125,7 @@ def test_classifier_file_errors(tmp_path):
     with pytest.raises(ClassifierFileError, match="is not a mar_probe classifier"):
         load_classifier(tmp_path / "bare.pt")
     (tmp_path / "junk.pt").write_text("not a checkpoint")
-    with pytest.raises(ClassifierFileError, match="torch.load failed"):
+    with pytest.raises(ClassifierFileError, match="is not a PyTorch weights file"):
         load_classifier(tmp_path / "junk.pt")
     with pytest.raises(ClassifierFileError, match="does not exist"):
         load_classifier(tmp_path / "absent.pt")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .._io import load_weights
 from .config import MARConfig
 from .mar import MAR
 from .presets import PRESETS, preset_config
@@ -80,8 +81,7 @@ def read_checkpoint(path: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} not found; expected a local file such as MAR's "
                                 "checkpoint-last.pth or one written by `mar-probe train`")
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = load_weights(path, what="checkpoint", error=CheckpointError, allowed=(argparse.Namespace,))
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(state).__name__!r}, expected a dict")
     return state
@@ -110,6 +110,9 @@ def config_from_checkpoint(state: dict, preset: str | None) -> MARConfig:
     if name in PRESETS:
         return preset_config(name)
     sd = state.get("model_ema", state.get("model", state))
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"this checkpoint holds no model weights: expected 'model'/'model_ema' state dicts "
+                              f"(or a bare state dict of tensors), got keys {sorted(map(str, state))[:8]!r}")
     guess = suggest_preset(sd)
     if guess is None:
         raise CheckpointError(f"cannot tell the architecture of this checkpoint; pass preset=, one of {sorted(PRESETS)!r}")

@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .._io import load_weights
+
 MAR_LATENT_SCALE = 0.2325  # MAR multiplies VAE latents by this to give them unit std
 KL16_SOURCE = "the kl16.ckpt released with MAR (LTH14/mar README)"
 
@@ -245,12 +247,19 @@ def _check_state_dict(model: nn.Module, sd: dict, path) -> None:
         raise ValueError(f"{path} does not match the KL-16 VAE: " + "; ".join(parts))
 
 
+class VAEFileError(ValueError):
+    """A VAE checkpoint cannot be read, is refused, or holds no VAE weights."""
+
+
 def load_vae(path, device="cpu", config: VAEConfig | None = None) -> AutoencoderKL:
     """Load a KL VAE from a local checkpoint (``{"model": state_dict}`` or a bare state dict), frozen in eval mode."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"VAE checkpoint not found: {path}; download {KL16_SOURCE} and pass its path")
-    ckpt = torch.load(path, map_location=device, weights_only=True)
+    ckpt = load_weights(path, what="VAE checkpoint", error=VAEFileError)
     sd = ckpt["model"] if isinstance(ckpt, dict) and "model" in ckpt else ckpt
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise VAEFileError(f"VAE checkpoint {str(path)!r} holds no state dict of tensors; expected kl16.ckpt "
+                           f"({KL16_SOURCE}) or a dict with its 'model' state dict")
     # LDM training checkpoints may carry the discriminator/LPIPS loss under "loss."; the official loader
     # skips them (strict=False), we drop exactly those and stay strict about everything else.
     sd = {k: v for k, v in sd.items() if not k.startswith("loss.")}

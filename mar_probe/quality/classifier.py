@@ -19,6 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._config import checked_fields
+from .._io import load_weights
 
 REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 DEFAULT_CLASSIFIER_PATH = REPO_DATA_DIR / "fashion_classifier.pt"
@@ -176,11 +177,7 @@ def _read_payload(path: Path) -> dict:
     if not path.is_file():
         raise ClassifierFileError(f"classifier file {str(path)!r} does not exist; train one with "
                                   "`python -m mar_probe.quality.train_classifier --out FILE`")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises pickle, zip and runtime errors for foreign files
-        raise ClassifierFileError(f"{str(path)!r} is not a mar_probe classifier: torch.load failed "
-                                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    payload = load_weights(path, what="classifier file", error=ClassifierFileError)
     if not isinstance(payload, dict) or payload.get("format") != FILE_FORMAT:
         got = sorted(map(str, payload))[:8] if isinstance(payload, dict) else type(payload).__name__
         raise ClassifierFileError(f"{str(path)!r} is not a mar_probe classifier: expected a dict with "

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from scipy.special import logsumexp
 from torch import nn
 
+from .._io import load_weights
 from .frechet import feature_stats, frechet_distance
 
 FEATURE_DIM = 2048
@@ -216,10 +217,7 @@ def load_inception(path: str | Path) -> FIDInceptionV3:
     if not path.is_file():
         raise InceptionFileError(f"Inception weights {str(path)!r} do not exist; download pytorch-fid's "
                                  "pt_inception-2015-12-05-6726825d.pth and pass its local path")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle, zip and runtime errors for foreign files
-        raise InceptionFileError(f"cannot read Inception weights {str(path)!r}: {type(exc).__name__}") from exc
+    state = load_weights(path, what="Inception weights file", error=InceptionFileError)
     model = FIDInceptionV3()
     _check_state_dict(state, model, path)
     model.load_state_dict(state, strict=False)  # only BatchNorm's num_batches_tracked may be absent

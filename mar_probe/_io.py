@@ -1,0 +1,50 @@
+"""Reading weight files safely: tensors and plain containers only, and a message instead of a traceback.
+
+Every loader of the toolkit (model checkpoints, the VAE, the classifier, the Inception network) reads through
+:func:`load_weights`. ``torch.load(weights_only=True)`` refuses files that need code to load, but its message
+advises retrying with ``weights_only=False``, which would run that code; a malicious checkpoint must never get
+that advice (issue 19). A file that is no ``torch.save`` archive (random bytes, an empty or truncated file)
+gets one line that says so.
+"""
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import torch
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def load_weights(path: str | Path, *, what: str, error: type[Exception], allowed: tuple = ()) -> object:
+    """``torch.load(path, weights_only=True)`` with ``allowed`` extra globals, failures raised as ``error``.
+
+    Parameters
+    ----------
+    path : str or Path
+        An existing file.
+    what : str
+        What the file should be, for messages (e.g. ``"checkpoint"``, ``"VAE checkpoint"``).
+    error : exception type
+        Raised with a one-line message when the file cannot be read or is refused.
+    allowed : tuple
+        Classes that may be unpickled beside tensors and containers (e.g. ``argparse.Namespace``).
+    """
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = _GLOBAL.search(str(exc))
+        if found:
+            raise error(f"{what} {str(path)!r} is refused as untrusted: loading it would need code (it asks for "
+                        f"the global {found.group(1)!r}); mar_probe loads tensors and plain containers only. "
+                        f"Expected a {what} saved as a dict of tensors") from None
+        raise error(f"{what} {str(path)!r} is not a PyTorch weights file (its bytes are no torch.save archive); "
+                    f"expected a {what} written by torch.save") from None
+    except (EOFError, RuntimeError, OSError, ValueError) as exc:
+        reason = "the file is empty or truncated" if isinstance(exc, EOFError) or "truncat" in str(exc) else (
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'unreadable'}")
+        raise error(f"{what} {str(path)!r} cannot be read: {reason}; expected a {what} written by torch.save") \
+            from None
