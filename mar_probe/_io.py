@@ -8,6 +8,8 @@ gets one line that says so.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import re
 from pathlib import Path
@@ -48,3 +50,18 @@ def load_weights(path: str | Path, *, what: str, error: type[Exception], allowed
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'unreadable'}")
         raise error(f"{what} {str(path)!r} cannot be read: {reason}; expected a {what} written by torch.save") \
             from None
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``, on failure removed.
+
+    A reader never sees a torn file: a full disk or a kill while writing leaves the old file (or none), never a
+    truncated one (issue 19: a truncated ``grid.png``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

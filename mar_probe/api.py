@@ -1,6 +1,8 @@
 """The public sampling API: :func:`sample` and its :class:`SampleResult`."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +43,14 @@ def decode_images(model, tokens: torch.Tensor, vae=None) -> np.ndarray | None:
     return decoder.decode_tokens(tokens)
 
 
+def check_guidance(cfg, temperature) -> None:
+    """The one check of CFG scale and temperature: finite, CFG >= 1 and temperature > 0 (issue 19: NaN passed)."""
+    for name, value, ok, want in (("cfg", cfg, lambda v: v >= 1.0, ">= 1"),
+                                  ("temperature", temperature, lambda v: v > 0, "> 0")):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+            raise ValueError(f"{name} must be a finite number {want}, got {value!r}")
+
+
 def _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size) -> torch.Tensor:
     labels = torch.as_tensor(np.asarray(labels), dtype=torch.long).reshape(-1)
     n = model.num_classes
@@ -55,8 +65,7 @@ def _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_siz
         raise ValueError(f"num_iter {num_iter!r} exceeds the {model.seq_len} tokens to generate")
     if cfg_schedule not in CFG_SCHEDULES:
         raise ValueError(f"unknown cfg_schedule {cfg_schedule!r}; expected one of {CFG_SCHEDULES!r}")
-    if cfg < 1.0 or temperature <= 0:
-        raise ValueError(f"need cfg >= 1 and temperature > 0, got cfg={cfg!r}, temperature={temperature!r}")
+    check_guidance(cfg, temperature)
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
     return labels

@@ -109,7 +109,14 @@ def _strategy_from_args(args):
     return create(args.strategy, **parse_options(args.strategy, args.strategy_opt))
 
 
+def _write_text(path: Path, text: str) -> None:
+    from ._io import atomic_path
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
 def _cmd_generate(args) -> int:
+    from ._io import atomic_path
     from .api import sample
     from .plot.grid import save_image_grid
     strategy = _strategy_from_args(args)
@@ -119,19 +126,21 @@ def _cmd_generate(args) -> int:
               seed=args.seed, rng=args.rng, batch_size=args.batch_size, strategy=strategy, vae=_load_vae(args),
               progress=True)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.shadow:
         res = _generate_shadow(model, labels, kw, out)
     else:
-        res = sample(model, labels, **kw)
+        res = sample(model, labels, **kw)  # validates every setting: nothing is written before
+    out.mkdir(parents=True, exist_ok=True)
     tokens = res.tokens.flatten(2).transpose(1, 2).numpy().astype(np.float32)  # [N, seq_len, token_dim]
     arrays = dict(labels=res.labels, tokens=tokens)
     if res.images is not None:
         arrays["images"] = res.images
         save_image_grid(res.images, out / "grid.png", labels=res.labels)
-    np.savez(out / "samples.npz", **arrays)
-    (out / "settings.json").write_text(json.dumps(dict(res.settings, timings=res.timings), indent=2))
-    (out / "cost.json").write_text(json.dumps(dict(strategy=res.settings["strategy"], **res.cost), indent=2))
+    with atomic_path(out / "samples.npz") as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+    _write_text(out / "settings.json", json.dumps(dict(res.settings, timings=res.timings), indent=2))
+    _write_text(out / "cost.json", json.dumps(dict(strategy=res.settings["strategy"], **res.cost), indent=2))
     print(f"wrote {len(labels)} samples to {out / 'samples.npz'}" + (" and grid.png" if res.images is not None else
           " (no images: pass --vae PATH to decode latents)"))
     return 0
@@ -142,6 +151,7 @@ def _generate_shadow(model, labels, kw, out: Path):
     from .plot.compare import shadow_error, shadow_error_data
     from .probe.shadow import sample_with_shadow
     res, ds = sample_with_shadow(model, labels, **kw)
+    out.mkdir(parents=True, exist_ok=True)
     ds.to_zarr(out / "shadow.zarr", mode="w")
     ax = shadow_error(shadow_error_data(ds, "dec_kv_err"))
     ax.figure.savefig(out / "shadow.png", dpi=120)
@@ -250,6 +260,7 @@ def _cmd_sweep(args) -> int:
 def _add_train(p):
     p.add_argument("--preset", default="fashion_small", help="model preset to train (default: fashion_small)")
     p.add_argument("--data", dest="data_dir", help="folder with the Fashion-MNIST IDX files")
+    p.add_argument("--dataset", choices=["fashion", "digits"], help="fashion (default) or scikit-learn's 8x8 digits")
     p.add_argument("--out", dest="out_dir", default="runs/train", help="checkpoint folder (default: runs/train)")
     for name, typ in (("iters", int), ("batch-size", int), ("lr", float), ("min-lr", float), ("warmup-iters", int),
                       ("weight-decay", float), ("grad-clip", float), ("ema-rate", float), ("ckpt-every", int),
@@ -525,8 +536,15 @@ def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt as exc:  # one line; commands that keep partial work say what and how to resume
+        print(f"\nmar-probe {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, RuntimeError, KeyError) as exc:
         print(f"mar-probe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a permission: say which file and what to do
+        from .store.writer import describe_os_error
+        print(f"mar-probe {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
 
 

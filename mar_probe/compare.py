@@ -251,6 +251,10 @@ class PartialRuns:
         os.replace(tmp, self._path(label, run.seed))
 
 
+class CompareInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`compare`; its message says how many runs are saved and how to resume."""
+
+
 @dataclass
 class CompareResult:
     """What :func:`compare` returns: ``results`` (the ``results.json`` dict) and the ``runs`` per label and seed."""
@@ -265,19 +269,28 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
 
     With ``partial`` (a folder), every finished (strategy, seed) run is saved there as it completes (see
     :class:`PartialRuns`); with ``resume`` the runs already there are loaded instead of run again."""
-    from .probe.record import weights_sha256
+    from .probe.record import image_shape, weights_sha256
+    if image_shape(model, vae) == (28, 28, 1) and config.num_samples < 2:  # checked before anything is sampled
+        raise ValueError(f"num_samples must be >= 2 for the Frechet distance of Fashion-MNIST images (a covariance "
+                         f"of classifier features), got {config.num_samples!r}")
     labels = config.label_array(model.num_classes)
     sha = weights_sha256(model)
     saved = PartialRuns(partial, config, sha, resume) if partial is not None else None
     runs: dict[str, list[SeedRun]] = {r.label: [] for r in config.runs}
     jobs = [(seed, r) for seed in config.seeds for r in config.runs]
-    for seed, r in tqdm(jobs, desc="compare", disable=not progress):
-        got = saved.load(r.label, seed) if saved is not None else None
-        if got is None:
-            got = run_strategy(model, r, labels, seed, config, vae)
-            if saved is not None:
-                saved.save(r.label, got)
-        runs[r.label].append(got)
+    try:
+        for seed, r in tqdm(jobs, desc="compare", disable=not progress):
+            got = saved.load(r.label, seed) if saved is not None else None
+            if got is None:
+                got = run_strategy(model, r, labels, seed, config, vae)
+                if saved is not None:
+                    saved.save(r.label, got)
+            runs[r.label].append(got)
+    except KeyboardInterrupt:
+        finished = sum(len(v) for v in runs.values())
+        where = (f" are saved in {str(saved.folder)!r}: rerun with --resume to continue" if saved is not None
+                 else " were not saved (no partial folder)")
+        raise CompareInterrupted(f"interrupted; {finished} of {len(jobs)} (strategy, seed) runs{where}") from None
     judge = QualityJudge.for_images(runs["full"][0].images, config)
     fid = {label: [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(seeds, runs["full"])]
            for label, seeds in runs.items()}

@@ -74,6 +74,10 @@ class TrainConfig:
         return cls(**checked_fields(cls, data))
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training, after the state of the last completed iteration was saved."""
+
+
 def lr_at(cfg: TrainConfig, it: int) -> float:
     """Linear warm-up, then cosine decay to ``min_lr`` at ``iters``."""
     if it < cfg.warmup_iters:
@@ -111,7 +115,6 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint-last.pth"
     torch.manual_seed(cfg.seed)
     model = MAR(preset_config(cfg.preset))
@@ -131,6 +134,7 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
         _warm_start(model, ema, cfg.init)
     latents, labels = _load_training_latents(cfg, model)
     _prepare_for_speed(cfg, model)
+    out.mkdir(parents=True, exist_ok=True)  # only now: a bad preset, init or dataset leaves no folder
     _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng)
     return ckpt_path
 
@@ -175,7 +179,9 @@ def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen,
                 print(f"\nstopping after iteration {done}: --max-minutes {cfg.max_minutes:g} reached")
                 break
     except KeyboardInterrupt:
-        print(f"\ninterrupted after iteration {done}: saving {ckpt_path}")
+        save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
+        raise TrainingInterrupted(f"interrupted after iteration {done} of {cfg.iters}; {ckpt_path} is saved: rerun "
+                                  "the same command to resume exactly") from None
     save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
     (ckpt_path.parent / "loss_history.json").write_text(json.dumps(history))
     if history:

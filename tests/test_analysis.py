@@ -286,9 +286,19 @@ def test_run_summary_reports_what_the_store_lacks(run_np):
     assert "mar-probe record --vars attn_gen" in skipped["selection"]
     assert "mar-probe record --vars attn_gen" in skipped["overlap"]
     assert set(table["section"]) == {"stability", "cfg"}
-    _, skipped = A.run_summary(run, layer=7, k=2)
-    assert skipped["selection"] == ("layer [7] not in the store; it has layer [0, 1, 2] (a store holds the layers "
-                                    "chosen by `mar-probe record --layers`)")
+    # issue 19: nonsense is refused before any compute instead of being 'skipped' with exit 0
+    with pytest.raises(ValueError, match=r"layer 7 is not a decoder layer of this run; it recorded layers \[0, 1, 2\]"):
+        A.run_summary(run, layer=7, k=2)
+    with pytest.raises(ValueError, match="lazymar_layer -1 is not a decoder layer"):
+        A.run_summary(run, layer=0, lazymar_layer=-1, k=2)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match=f"k must be a positive integer \\(a refresh budget\\), got {bad!r}"):
+            A.run_summary(run, k=bad)
+    with pytest.raises(ValueError, match=r"threshold must lie in \(0, 1\)"):
+        A.run_summary(run, k=2, threshold=1.5)
+    none_done = run.assign(done=(("sample", "step"), np.zeros((run.sizes["sample"], run.sizes["step"]), bool)))
+    with pytest.raises(ValueError, match="the run has no completed step"):
+        A.run_summary(none_done, k=2)
 
 
 def test_combine_runs_pools_samples_and_checks_steps():
@@ -453,8 +463,10 @@ def test_analyze_command_table_json_and_bad_inputs(tiny_store, tmp_path, capsys)
     assert {r["section"] for r in report["rows"]} == {"stability", "cfg", "selection", "overlap"}
     assert main(["analyze", str(tiny_store), "--k", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["headlines"] == report["headlines"]
-    assert main(["analyze", str(tiny_store), "--layer", "5"]) == 0
-    assert "[selection] skipped: layer [5] not in the store; it has layer [0, 1, 2]" in capsys.readouterr().out
+    assert main(["analyze", str(tiny_store), "--layer", "5"]) == 2
+    assert "layer 5 is not a decoder layer of this run; it recorded layers [0, 1, 2]" in capsys.readouterr().err
+    assert main(["analyze", str(tiny_store), "--k", "0"]) == 2
+    assert "k must be a positive integer" in capsys.readouterr().err
     assert main(["analyze", str(tmp_path / "nope.zarr")]) == 2
     assert "not found" in capsys.readouterr().err
 

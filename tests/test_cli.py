@@ -29,12 +29,21 @@ def test_generate_writes_samples_and_grid(tmp_path, capsys):
     (["generate", "--model", "mar_tiny", "--num-iter", "0"], "num_iter must be a positive integer, got 0"),
     (["generate", "--model", "mar_tiny", "--labels", "a,b"], "--labels must be comma-separated integers"),
     (["generate", "--model", "mar_tiny", "--num-samples", "0"], "--num-samples must be >= 1"),
+    # issue 19: nonsense was accepted, or refused only after something was written
+    (["generate", "--model", "mar_tiny", "--cfg", "nan"], "cfg must be a finite number >= 1, got nan"),
+    (["generate", "--model", "mar_tiny", "--temperature", "inf"], "temperature must be a finite number > 0, got inf"),
+    (["generate", "--model", "mar_tiny", "--temperature", "-1"], "temperature must be a finite number > 0, got -1.0"),
+    (["record", "--model", "mar_tiny", "--num-iter", "2", "--queue-size", "0"], "queue_size must be an integer >= 1"),
+    (["record", "--model", "mar_tiny", "--num-iter", "2", "--repair"], "give it with --resume"),
+    (["compare", "--num-samples", "1", "--num-iter", "2"], "num_samples must be >= 2 for the Frechet distance"),
+    (["train", "--preset", "mar_tiny", "--dataset", "digits", "--max-minutes", "-1"], "max_minutes must be a finite"),
 ])
 def test_bad_inputs_exit_nonzero_with_message(argv, match, capsys, tmp_path):
     rc = main(argv + ["--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
-    assert rc == 2 and "error:" in err
+    assert rc == 2 and "error:" in err and "Traceback" not in err
     assert match in err
+    assert not (tmp_path / "x").exists()  # nothing is written before a check fails
 
 
 def test_cuda_without_cuda_exits_nonzero(capsys, tmp_path):
@@ -103,3 +112,49 @@ def test_study_config_validates(kw, match):
     with pytest.raises(ValueError, match=r"unknown StudyConfig field\(s\) \['sample'\]"):
         StudyConfig.from_dict({"sample": 3})
     assert StudyConfig.from_dict(StudyConfig(seeds=(4,)).to_dict()) == StudyConfig(seeds=(4,))
+
+
+def test_bad_spec_and_damaged_metadata_get_one_line(tmp_path, capsys):
+    bad = tmp_path / "spec.yaml"
+    bad.write_text("variables: [dec_k\n  - : :")
+    assert main(["record", "--model", "mar_tiny", "--spec", str(bad), "--out", str(tmp_path / "s.zarr")]) == 2
+    assert "is not valid YAML at line 2, column 5" in capsys.readouterr().err
+    store = tmp_path / "run.zarr"
+    assert main(["record", "--model", "mar_tiny", "--num-samples", "2", "--num-iter", "2", "--cfg", "2.0",
+                 "--vars", "dec_k", "--out", str(store)]) == 0
+    capsys.readouterr()
+    for meta in (store / "dec_k" / "zarr.json", store / "zarr.json"):
+        meta.write_text(meta.read_text()[:25])  # truncated
+        assert main(["analyze", str(store)]) == 2
+        err = capsys.readouterr().err
+        assert f"its metadata file {str(meta)!r} is not valid JSON" in err and "--overwrite" in err
+        assert "Traceback" not in err
+
+
+def test_ctrl_c_says_what_is_saved_and_exits_130(tmp_path, capsys, monkeypatch):
+    import sys
+    from mar_probe import compare as compare_module
+    record_module = sys.modules["mar_probe.probe.record"]  # the package re-exports the function of that name
+    calls = []
+    real_run = compare_module.run_strategy
+
+    def second_run_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+    monkeypatch.setattr(compare_module, "run_strategy", second_run_interrupted)
+    argv = ["compare", "--model", "mar_tiny", "--num-samples", "2", "--num-iter", "2", "--strategies", "full,marche",
+            "--out", str(tmp_path / "c")]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "mar-probe compare: interrupted; 1 of 2 (strategy, seed) runs are saved in" in err
+    assert "rerun with --resume" in err and "Traceback" not in err
+
+    def unit_interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(record_module, "_run_unit", unit_interrupted)
+    assert main(["record", "--model", "mar_tiny", "--num-samples", "2", "--num-iter", "2", "--vars", "dec_k",
+                 "--out", str(tmp_path / "r.zarr")]) == 130
+    err = capsys.readouterr().err
+    assert "mar-probe record: interrupted; 0 of 4 steps saved in" in err and "--resume" in err

@@ -222,7 +222,14 @@ def test_full_disk_reports_clearly_and_leaves_a_consistent_store(tmp_path, ref_s
         return real(path, value, *args, **kwargs)
 
     monkeypatch.setattr(zarr.storage._local, "_put", put)
-    assert main(["record", *CLI, "--out", str(out)]) == 2
+    import gc
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["record", *CLI, "--out", str(out)]) == 2
+        gc.collect()
+    # issue 19: the flag writes of a failed batch were coroutines created and dropped unawaited
+    assert not [w for w in caught if "never awaited" in str(w.message)]
     err = capsys.readouterr().err
     assert "No space left on device" in err and "the disk is full" in err and "--resume" in err
     with pytest.warns(IncompleteRunWarning, match="incomplete"):

@@ -1,4 +1,5 @@
 """Training: the recipe runs on real images, checkpoints resume exactly, EMA export loads."""
+import pytest
 import torch
 
 from mar_probe import load_model
@@ -22,7 +23,9 @@ def test_resume_is_identical_to_uninterrupted(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return forward(self, *args, **kwargs)
     monkeypatch.setattr(MAR, "forward", interrupted)
-    train(_cfg(b, 4))
+    from mar_probe.train import TrainingInterrupted
+    with pytest.raises(TrainingInterrupted, match=r"interrupted after iteration 2 of 4; .* is saved: rerun"):
+        train(_cfg(b, 4))
     state = torch.load(b / "checkpoint-last.pth", weights_only=False)
     assert state["epoch"] == 2
     monkeypatch.setattr(MAR, "forward", forward)
@@ -49,7 +52,6 @@ def test_lr_schedule_warms_up_then_decays():
 
 
 def test_bad_train_config():
-    import pytest
     with pytest.raises(ValueError, match="dataset must be 'fashion' or 'digits', got 'cifar'"):
         TrainConfig(dataset="cifar")
     with pytest.raises(ValueError, match="iters must be >= 1, got 0"):
@@ -58,7 +60,6 @@ def test_bad_train_config():
 
 def test_warm_start_copies_weights_and_rejects_other_presets(tmp_path):
     import dataclasses
-    import pytest
     from mar_probe import create_model
     from mar_probe.models.checkpoints import CheckpointError
     src = train(_cfg(tmp_path / "src", 2))
@@ -95,7 +96,6 @@ def test_training_attention_kernel_gives_the_fused_kernels_loss_and_gradients():
 
 
 def test_bad_kernel_and_time_budget_are_refused():
-    import pytest
     from mar_probe import create_model
     from mar_probe.models.blocks import set_attention_kernel
     with pytest.raises(ValueError, match=r"unknown attention kernel 'flash'; expected one of \('sdpa', 'explicit'\)"):
@@ -117,3 +117,23 @@ def test_time_budget_stops_then_a_rerun_resumes_to_the_end(tmp_path, capsys):
     assert state["epoch"] == 4 and [h[0] for h in state["loss_history"]] == [0, 1, 2, 3]
     times = [h[2] for h in state["loss_history"]]
     assert times == sorted(times) and times[0] > 0  # wall time is cumulative over the resumed run
+
+
+def test_cli_train_ctrl_c_exits_130_and_bad_values_leave_no_folder(tmp_path, monkeypatch, capsys):
+    from mar_probe.cli import main
+    from mar_probe.models.mar import MAR
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(MAR, "forward", interrupted)
+    out = tmp_path / "run"
+    args = ["train", "--preset", "mar_tiny", "--dataset", "digits", "--out", str(out), "--iters", "3", "--threads", "1"]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "mar-probe train: interrupted after iteration 0 of 3;" in err and "Traceback" not in err
+    assert (out / "checkpoint-last.pth").is_file()
+    monkeypatch.undo()
+    assert main(["train", "--preset", "nosuch", "--out", str(tmp_path / "bad")]) == 2
+    assert "unknown preset 'nosuch'" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main(["train", "--preset", "mar_tiny", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b2")]) == 2
+    assert "does not exist" in capsys.readouterr().err and not (tmp_path / "b2").exists()

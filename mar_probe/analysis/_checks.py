@@ -58,3 +58,22 @@ def feature_dims(x: xr.DataArray, dims=None) -> tuple[str, ...]:
     if not found:
         raise ValueError(f"{x.name!r} has no feature dims (head, d_head, d_model); got dims {tuple(x.dims)!r}")
     return found
+
+
+def require_completed(ds: xr.Dataset) -> None:
+    """Raise a ValueError when no (sample, step) of the run is flagged done: every measurement would be NaN."""
+    if "done" in ds.data_vars and not bool(ds["done"].any()):
+        raise ValueError("the run has no completed step (no (sample, step) is flagged done), so there is nothing to "
+                         "measure; complete it with `mar-probe record ... --resume`")
+
+
+def check_layer(ds: xr.Dataset, layer, name: str = "layer") -> None:
+    """Raise a ValueError unless ``layer`` is a decoder layer the run recorded (0-based), naming those it has."""
+    var = next((v for v in ("attn_gen", "dec_k", "dec_v", "dec_resid_post") if v in ds.data_vars), None)
+    if var is None:
+        return
+    dim = next(d for d in ds[var].dims if d.endswith("layer"))
+    have = [int(v) for v in ds[dim].values]
+    if not isinstance(layer, int) or isinstance(layer, bool) or layer not in have:
+        raise ValueError(f"{name} {layer!r} is not a decoder layer of this run; it recorded layers {have!r} "
+                         "(0-based: MARche's 'layer 2' is 1)")

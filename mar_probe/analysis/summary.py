@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from ._checks import check_values, require
+from ._checks import check_layer, check_values, require, require_completed
 from .categories import token_categories
 from .cfg import cfg_residual_mse
 from .overlap import topk_overlap_layers
@@ -179,6 +179,7 @@ def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = N
         ``mar-probe record`` flags would capture what they need).
     """
     import dask
+    _check_summary_args(ds, layer, lazymar_layer, k, threshold)
     parts, skipped = _sections(ds, layer=layer, lazymar_layer=lazymar_layer, k=k, threshold=threshold,
                                variables=variables, var=var)
     keys = list(parts)
@@ -189,6 +190,18 @@ def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = N
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
     table.attrs.update(level=level, layer=layer, k=k, threshold=threshold, samples=int(ds.sizes["sample"]))
     return table, skipped
+
+
+def _check_summary_args(ds, layer, lazymar_layer, k, threshold) -> None:
+    """Nonsense is refused before any compute (issue 19: --layer 99 and --k 0 printed 'skipped' and exit 0)."""
+    require_completed(ds)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be a positive integer (a refresh budget), got {k!r}")
+    if not 0 < threshold < 1:
+        raise ValueError(f"threshold must lie in (0, 1) (a cosine), got {threshold!r}")
+    check_layer(ds, layer, "layer")
+    if lazymar_layer is not None:
+        check_layer(ds, lazymar_layer, "lazymar_layer")
 
 
 def _ci(row, fmt: str = ".3f") -> str:

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._io import atomic_path
+
 
 def image_grid(images: np.ndarray, ncols: int | None = None, pad: int = 2) -> np.ndarray:
     """Tile uint8 images [N, H, W, C] into one [rows*(H+pad), cols*(W+pad), C] array."""
@@ -26,6 +28,7 @@ def save_image_grid(images: np.ndarray, path, labels=None, ncols: int | None = N
     grid = image_grid(images, ncols)
     grid = grid.repeat(scale, 0).repeat(scale, 1)
     path = Path(path)
-    plt.imsave(path, grid[..., 0] if grid.shape[-1] == 1 else grid, cmap="gray" if grid.shape[-1] == 1 else None,
-               vmin=0, vmax=255)
+    with atomic_path(path) as tmp:
+        plt.imsave(tmp, grid[..., 0] if grid.shape[-1] == 1 else grid, cmap="gray" if grid.shape[-1] == 1 else None,
+                   vmin=0, vmax=255, format=path.suffix.lstrip(".") or "png")
     return path

@@ -112,6 +112,8 @@ def write_figures(ds: xr.Dataset, out, only=None, formats=("png",), progress: bo
     """
     import matplotlib
     matplotlib.use("Agg")
+    from ..analysis._checks import require_completed
+    require_completed(ds)
     names = list(only) if only else list(FIGURES)
     bad = [n for n in names if n not in FIGURES]
     if bad:

@@ -28,8 +28,8 @@ from ..models.checkpoints import resolve_sampling
 from ..sampler import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
-from ..store.writer import (StoreExistsError, StoreWriter, WriteError, compressors, create_store,
-                            describe_os_error, read_flags)
+from ..store.writer import (StoreExistsError, StoreWriter, WriteError, check_writer_settings, compressors,
+                            create_store, describe_os_error, read_flags)
 from .probe import Probe
 from .spec import SelectionSpec
 
@@ -190,6 +190,10 @@ def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite
         check_identity(out, attrs)
 
 
+class RecordInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`record`, after the queued steps were written; the message says how many."""
+
+
 def remove_stale_temporaries(out: Path) -> list[Path]:
     """Remove the temporary folders (``.NAME.tmp-PID``) that killed processes left while creating ``out``.
 
@@ -301,6 +305,7 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
     st = resolve_sampling(model, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature)
     num_iter, cfg, cfg_schedule, temperature = st["num_iter"], st["cfg"], st["cfg_schedule"], st["temperature"]
     compressors(compression)  # an unknown name fails before anything runs
+    check_writer_settings(queue_size, writer_threads)
     if repair and not resume:
         raise ValueError("--repair re-records the damaged samples of an existing store: give it with --resume")
     plan = _plan(model, labels, out, spec, seed=seed, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule,
@@ -357,9 +362,13 @@ def _run(model, plan: dict, *, vae, queue_size: int, threads: int, progress: boo
         with probe.attached():
             for unit in todo:
                 _run_unit(model, sampler, probe, writer, plan, unit, vae, device)
-    except BaseException:
+    except BaseException as exc:
         bar.close()
         writer.close(raise_error=False)  # flush what is queued; the original error wins
+        if isinstance(exc, KeyboardInterrupt):
+            done, _ = read_flags(plan["out"])
+            raise RecordInterrupted(f"interrupted; {int(done.sum())} of {done.size} steps saved in "
+                                    f"{str(plan['out'])!r}: rerun with --resume to complete it") from None
         raise
     bar.close()
     writer.close()

@@ -106,11 +106,19 @@ class SelectionSpec:
         if not path.is_file():
             raise FileNotFoundError(f"selection spec {str(path)!r} not found; expected a YAML or JSON file")
         text = path.read_text()
-        if path.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
+        try:
+            if path.suffix.lower() in (".yaml", ".yml"):
+                import yaml
+                data = yaml.safe_load(text) or {}
+            else:
+                data = json.loads(text)
+        except ValueError as exc:  # json.JSONDecodeError
+            raise ValueError(f"selection spec {str(path)!r} is not valid JSON: {exc}") from None
+        except Exception as exc:  # yaml.YAMLError (yaml is imported lazily)
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ValueError(f"selection spec {str(path)!r} is not valid YAML{where}: "
+                             f"{getattr(exc, 'problem', None) or exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"selection spec {str(path)!r} must hold a mapping, got {type(data).__name__!r}")
         return cls.from_dict(data)

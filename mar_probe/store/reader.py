@@ -32,6 +32,7 @@ def read_attrs(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"run store {str(path)!r} not found; expected a folder written by `mar-probe record`")
+    _check_metadata(path)
     try:
         attrs = dict(zarr.open_group(str(path), mode="r", use_consolidated=False).attrs)
     except Exception as exc:  # noqa: BLE001 - zarr raises several types for a non-store
@@ -46,6 +47,19 @@ def read_attrs(path: str | Path) -> dict:
                           f"{READABLE_VERSIONS!r}; open it with the mar_probe version that wrote it "
                           f"({attrs.get('mar_probe_version')!r})")
     return attrs
+
+
+def _check_metadata(path: Path) -> None:
+    """Every ``zarr.json`` of the store parses: a truncated one is named instead of failing deep in zarr."""
+    for meta in [path / "zarr.json", *sorted(path.glob("*/zarr.json"))]:
+        if not meta.is_file():
+            continue
+        try:
+            json.loads(meta.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SchemaError(f"run store {str(path)!r} is damaged: its metadata file {str(meta)!r} is not valid "
+                              f"JSON ({exc}); metadata is written once when the store is created, so the store "
+                              "cannot be repaired: record it again with --overwrite") from None
 
 
 def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:

@@ -120,6 +120,13 @@ def describe_os_error(exc: BaseException) -> str:
     return text
 
 
+def check_writer_settings(queue_size, threads) -> None:
+    """Both must be integers >= 1 (checked before a store is created: issue 19)."""
+    for name, value in (("queue_size", queue_size), ("threads", threads)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 class StoreWriter:
     """Writes step records and per-sample results to an existing store from a background thread.
 
@@ -141,9 +148,7 @@ class StoreWriter:
     """
 
     def __init__(self, path, layout: RunLayout, *, queue_size: int = 8, threads: int = 4):
-        for name, value in (("queue_size", queue_size), ("threads", threads)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_writer_settings(queue_size, threads)
         self.path, self.layout, self.threads = Path(path), layout, threads
         root = zarr.open_group(str(self.path), mode="r+", use_consolidated=False)
         # every chunk is written once, whole: skip zarr's per-chunk check whether it holds only fill values
@@ -219,7 +224,10 @@ class StoreWriter:
 
     async def _write_batch(self, items) -> None:
         """Write the whole blocks and per-sample arrays of ``items`` concurrently, then their ``done`` flags,
-        then ``complete`` (each stage only once the one before is on disk)."""
+        then ``complete`` (each stage only once the one before is on disk).
+
+        Writes are collected as (array, selection, value) and become coroutines only when their stage runs: a
+        stage that is never reached (its data failed) leaves no coroutine unawaited (issue 19's warning)."""
         data, done, complete, nbytes = [], [], [], 0
         for kind, payload in items:
             if kind == "step":
@@ -229,21 +237,21 @@ class StoreWriter:
                 blocks = self._blocks.flush(row)
                 for name, arr in arrays.items():
                     if name in self._arrays:
-                        data.append(self._arrays[name].setitem(row, arr))
+                        data.append((self._arrays[name], row, arr))
                         nbytes += arr.nbytes
-                complete.append(row)
+                complete.append((self._arrays["complete"], row, True))
             else:
                 blocks = self._blocks.flush()
             for block in blocks:
                 sel = (slice(block.row, block.row + 1), slice(block.start, block.start + len(block.got)))
                 for name, arr in block.arrays.items():
-                    data.append(self._arrays[name].setitem(sel, arr))
+                    data.append((self._arrays[name], sel, arr))
                     nbytes += arr.nbytes // len(block.got) * int(block.got.sum())  # the steps recorded, not fill
-                done.append(self._arrays["done"].setitem(sel, block.got[None]))
-        await _gather(data)
+                done.append((self._arrays["done"], sel, block.got[None]))
+        await _write_all(data)
         self.bytes_logical += nbytes
-        await _gather(done)
-        await _gather([self._arrays["complete"].setitem(row, True) for row in complete])
+        await _write_all(done)
+        await _write_all(complete)
 
 
 @dataclass
@@ -302,9 +310,11 @@ class StepBlocks:
         return out
 
 
-async def _gather(coros) -> None:
-    """Run ``coros`` concurrently and wait for all of them; then raise the first error, if any."""
-    for result in await asyncio.gather(*coros, return_exceptions=True):
+async def _write_all(writes) -> None:
+    """Run every ``(array, selection, value)`` write concurrently and wait for all; then raise the first error."""
+    results = await asyncio.gather(*(array.setitem(sel, value) for array, sel, value in writes),
+                                   return_exceptions=True)
+    for result in results:
         if isinstance(result, BaseException):
             raise result
 
