@@ -69,11 +69,11 @@ def parse_labels(text: str | None, num_samples: int, num_classes: int, per_class
         raise ValueError(f"--samples-per-class must be >= 1, got {per_class!r}")
     if num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {num_samples!r}")
-    if text:
-        try:
-            base = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise ValueError(f"--labels must be comma-separated integers, got {text!r}") from None
+    if text is not None:
+        parts = [x.strip() for x in text.split(",") if x.strip()]
+        if not parts or not all(p.lstrip("-").isdigit() for p in parts):
+            raise ValueError(f"--labels must be comma-separated integers, got {text!r}")
+        base = [int(p) for p in parts]
     else:
         base = list(range(num_classes))
     if per_class is not None:
@@ -208,6 +208,9 @@ def _cmd_compare(args) -> int:
     torch.manual_seed(args.seed)  # random-weight presets: the same weights when a comparison is resumed
     model = build_model(args)
     config = _compare_config(args, runs, model.num_classes)
+    if args.inception_weights:  # read (and refused, if it must be) before anything is sampled
+        from .quality import load_inception
+        load_inception(args.inception_weights)
     result = compare(model, config, vae=_load_vae(args), partial=Path(args.out) / "partial", resume=args.resume)
     out = write_results(result, args.out)
     print(format_table(result.results))
@@ -520,11 +523,18 @@ SUBCOMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the usage of a command is tens of lines: --help shows it)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mar-probe", description="Probe, measure and accelerate MAR image "
+    parser = _Parser(prog="mar-probe", description="Probe, measure and accelerate MAR image "
                                      "generators. Every command uses the embedded Fashion-MNIST model unless "
                                      "--model or --checkpoint is given.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name, (add, cmd, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         add(p)

@@ -96,6 +96,9 @@ def parse_runs(text: str, opt_pairs) -> tuple:
     entries = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
         label, sep, name = item.partition("=")
+        if any(label == have for have, _ in entries):
+            raise ValueError(f"--strategies gives the label {label!r} twice in {text!r}; each run needs its own "
+                             "label (e.g. 'marche,m64=marche')")
         entries.append((label, name if sep else label))
     names = dict(entries)
     opts: dict = {label: {} for label in names}

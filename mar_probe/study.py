@@ -69,6 +69,8 @@ class StudyConfig:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
                 not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ValueError(f"StudyConfig.seeds must be distinct non-negative integers, got {self.seeds!r}")
+        from .api import check_guidance
+        check_guidance(self.cfg, 1.0 if self.temperature is None else self.temperature)
         if not isinstance(self.layer, int) or self.layer < 0:
             raise ValueError(f"StudyConfig.layer must be a non-negative integer, got {self.layer!r}")
         if self.cfg == 1.0 and "z_cfg_resid" in self.variables:

@@ -18,7 +18,12 @@ def load_samples(samples) -> tuple[np.ndarray, np.ndarray | None]:
         path = Path(samples)
         if not path.is_file():
             raise FileNotFoundError(f"samples file {str(path)!r} does not exist")
-        with np.load(path, allow_pickle=False) as data:
+        try:
+            data = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise ValueError(f"samples file {str(path)!r} cannot be read as a .npz archive "
+                             f"({type(exc).__name__}: {exc}); expected one written by `mar-probe generate`") from None
+        with data:
             if "images" not in data.files:
                 raise ValueError(f"{str(path)!r}: expected keys 'images' (uint8 [N, H, W, C]) and 'labels' "
                                  f"(int [N]), got {sorted(data.files)!r}")
