@@ -111,3 +111,12 @@ def test_resume_starts_a_missing_store_and_clears_dead_temporaries(tmp_path, ref
     assert not stale.exists() and live.exists()
     _assert_same_store(store, ref_store)
     assert np.asarray(open_run(store)["done"]).all()
+
+
+def test_resume_without_repair_warns_about_missing_chunks(tmp_path, ref_store, capsys):
+    store = tmp_path / "run.zarr"
+    shutil.copytree(ref_store, store)
+    _delete(store, "dec_k", 4)
+    _record_ref(store, resume=True)
+    err = capsys.readouterr().err
+    assert "warning: 1 chunks of finished steps are missing" in err and "(samples [4])" in err and "--repair" in err

@@ -57,3 +57,13 @@ def test_a_dict_without_model_weights_is_named(tmp_path):
         load_model(path)
     with pytest.raises(VAEFileError, match="holds no state dict of tensors"):
         load_vae(path)
+
+
+def test_training_resume_from_a_payload_checkpoint_is_refused(tmp_path):
+    from mar_probe.train import TrainConfig, train
+    marker = tmp_path / "marker"
+    torch.save({"model": _Payload(marker)}, tmp_path / "checkpoint-last.pth")
+    cfg = TrainConfig(preset="mar_tiny", dataset="digits", out_dir=str(tmp_path), iters=1, batch_size=4, amp="none")
+    with pytest.raises(CheckpointError, match="refused as untrusted"):
+        train(cfg)
+    assert not marker.exists()

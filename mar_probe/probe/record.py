@@ -315,6 +315,8 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
                    overwrite=overwrite, shard=plan["shard"], compression=compression)
     if repair:
         _mark_damage(plan["out"])
+    elif resume:
+        _warn_damage(plan["out"])
     return _run(model, plan, vae=vae, queue_size=queue_size, threads=writer_threads, progress=progress)
 
 
@@ -344,6 +346,16 @@ def _mark_damage(out: Path) -> None:
     if not report.ok:
         rows = mark_for_repair(out, report)
         print(f"repair: {len(report.damages)} damaged chunks in {len(rows)} samples; re-recording them",
+              file=sys.stderr)
+
+
+def _warn_damage(out: Path) -> None:
+    """A resumed run without --repair says so when finished steps lost chunks (it would not redo them)."""
+    from ..store.integrity import missing_chunks
+    report = missing_chunks(out)
+    if not report.ok:
+        print(f"warning: {len(report.damages)} chunks of finished steps are missing from {str(out)!r} "
+              f"(samples {list(report.samples)[:8]!r}); this resume does not redo them: add --repair",
               file=sys.stderr)
 
 
