@@ -87,7 +87,8 @@ def _damage(store: Path, variable: str, how: str) -> None:
 
 def corrupt_matrix(root: Path, ref: Path) -> list[dict]:
     from mar_probe.store import open_run
-    variables = sorted(p.name for p in ref.iterdir() if p.is_dir() and any(c.name.startswith("c.") for c in p.iterdir()))
+    variables = sorted(p.name for p in ref.iterdir()
+                       if p.is_dir() and any(c.name.startswith("c.") for c in p.iterdir()))
     rows = []
     for variable in variables:
         for how in ("delete", "garbage"):
@@ -141,7 +142,8 @@ def write_table(kills, corrupt, bad, command: str) -> Path:
              f"{sum(r['repaired_identical'] for r in corrupt)}/{len(corrupt)} repaired to identical arrays.",
              f"- Bad-input matrix: {sum(not r['problems'] for r in bad)}/{len(bad)} cases clean; tracebacks "
              f"{sum('traceback' in r['problems'] for r in bad)}, exit-0 acceptances "
-             f"{sum('exit 0' in r['problems'] for r in bad)}, output written {sum('wrote its output folder' in r['problems'] for r in bad)}, "
+             f"{sum('exit 0' in r['problems'] for r in bad)}, output written "
+             f"{sum('wrote its output folder' in r['problems'] for r in bad)}, "
              f"payload ran {sum('PAYLOAD RAN' in r['problems'] for r in bad)}.", "",
              "| case | exit | message |", "|---|---:|---|"]
     for r in bad:

@@ -56,8 +56,9 @@ def train_all(presets: list[str], root: Path, s: PilotSettings) -> dict[str, flo
             continue
         out.mkdir(parents=True, exist_ok=True)
         log = open(out / "train.log", "w")
+        env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
         procs[preset] = subprocess.Popen(["nice", "-n", "5", *_train_command(preset, out, s)], stdout=log,
-                                         stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(s.threads)})
+                                         stderr=subprocess.STDOUT, env=env)
         started[preset] = time.time()
     walls = {}
     for preset, proc in procs.items():

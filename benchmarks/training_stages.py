@@ -103,7 +103,8 @@ def study_stage(stage: str, model, checkpoint, out: Path, s: StageSettings) -> l
 def compare_stage(stage: str, model, s: StageSettings) -> list[dict]:
     """marche and lazymar against full on the same images: PSNR, and marche minus lazymar per image."""
     from mar_probe.compare import CompareConfig, StrategyRun, compare
-    config = CompareConfig(runs=(StrategyRun(label="marche", name="marche"), StrategyRun(label="lazymar", name="lazymar")),
+    runs = (StrategyRun(label="marche", name="marche"), StrategyRun(label="lazymar", name="lazymar"))
+    config = CompareConfig(runs=runs,
                            num_samples=s.compare_samples, seeds=s.compare_seeds, num_iter=s.num_iter, cfg=s.cfg,
                            temperature=s.temperature, batch_size=s.compare_samples, paired_against="lazymar",
                            grid_images=0)
@@ -111,6 +112,23 @@ def compare_stage(stage: str, model, s: StageSettings) -> list[dict]:
     return [_row(stage, "marche PSNR vs full (dB)", res["marche"]["fidelity"]["psnr"]),
             _row(stage, "lazymar PSNR vs full (dB)", res["lazymar"]["fidelity"]["psnr"]),
             _row(stage, "marche minus lazymar PSNR, paired (dB)", res["marche"]["paired"]["psnr"])]
+
+
+def measure_stage(name: str, spec: str, out: Path, s: StageSettings) -> tuple[list[dict], dict]:
+    """One stage's rows, reused from ``out/rows.json`` when the same weights were measured with the same settings
+    (so stages can be measured in separate calls, e.g. while a later stage still trains)."""
+    from mar_probe.probe.record import weights_sha256
+    model, checkpoint = load_stage(spec)
+    source = {"source": spec, "weights_sha256": weights_sha256(model)}
+    cache = out / "rows.json"
+    key = {"source": source, "settings": s.__dict__}
+    if cache.is_file():
+        saved = json.loads(cache.read_text())
+        if saved["key"] == json.loads(json.dumps(key)):
+            return saved["rows"], source
+    rows = study_stage(name, model, checkpoint, out, s) + compare_stage(name, model, s)
+    cache.write_text(json.dumps({"key": key, "rows": rows}))
+    return rows, source
 
 
 def plot(frame: pd.DataFrame, stages: list[str], path: Path) -> Path:
@@ -166,11 +184,8 @@ def main(argv=None) -> int:
     rows, seconds, sources = [], {}, {}
     for name, spec in stages.items():
         t0 = time.time()
-        model, checkpoint = load_stage(spec)
-        from mar_probe.probe.record import weights_sha256
-        sources[name] = {"source": spec, "weights_sha256": weights_sha256(model)}
-        rows += study_stage(name, model, checkpoint, Path(args.out) / name, s)
-        rows += compare_stage(name, model, s)
+        stage_rows, sources[name] = measure_stage(name, spec, Path(args.out) / name, s)
+        rows += stage_rows
         seconds[name] = time.time() - t0
     frame = pd.DataFrame(rows)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -270,7 +270,8 @@ def _add_train(p):
                       ("seed", int), ("threads", int), ("max-minutes", float)):
         p.add_argument(f"--{name}", type=typ, help="see TrainConfig (default: its default)")
     p.add_argument("--amp", choices=["bf16", "none"])
-    p.add_argument("--attention", choices=["explicit", "sdpa"], help="attention kernel while training (default: explicit)")
+    p.add_argument("--attention", choices=["explicit", "sdpa"],
+                   help="attention kernel while training (default: explicit)")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the encoder and decoder")
     p.add_argument("--init", metavar="PATH", help="start from this checkpoint's (EMA) weights, e.g. data/fashion_small.pth")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
@@ -387,7 +388,8 @@ def _cmd_record(args) -> int:
     res = record(model, labels, args.out, spec, seed=args.seed, num_iter=args.num_iter, cfg=args.cfg,
                  cfg_schedule=args.cfg_schedule, temperature=args.temperature, rng=args.rng,
                  batch_size=args.batch_size, strategy=strategy, vae=vae, checkpoint=checkpoint,
-                 resume=args.resume, overwrite=args.overwrite, repair=args.repair, shard=args.shard, queue_size=args.queue_size,
+                 resume=args.resume, overwrite=args.overwrite, repair=args.repair,
+                 shard=args.shard, queue_size=args.queue_size,
                  compression=args.compression, steps_per_chunk=args.steps_per_chunk, progress=True)
     print(f"wrote {res.samples_written} samples ({res.samples_skipped} already complete) to {res.path}: "
           f"{format_bytes(res.bytes_logical)} uncompressed in {res.seconds:.1f} s; open with "

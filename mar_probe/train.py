@@ -49,7 +49,7 @@ class TrainConfig:
     amp: str = "bf16"  # "bf16": transformer under bfloat16 autocast (the diffusion head stays float32); "none"
     attention: str = "explicit"  # softmax-attention kernel while training (models.blocks.ATTENTION_KERNELS)
     compile: bool = False  # torch.compile the encoder and decoder (dynamic shapes; about 1-2 min to compile)
-    max_minutes: float = 0.0  # >0: stop (and save) once the phase has trained this long (wall time, cumulative over resumed runs)
+    max_minutes: float = 0.0  # >0: stop (and save) once this phase trained this long (wall time, over resumes)
 
     def __post_init__(self):
         for f in ("iters", "batch_size", "ckpt_every"):

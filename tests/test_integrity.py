@@ -95,7 +95,8 @@ def test_verify_cli_exit_codes(tmp_path, ref_store):
     assert ok.returncode == 0 and ": ok (" in ok.stdout
     _delete(store, "dec_k", 0)
     bad = subprocess.run(cmd, capture_output=True, text=True)
-    assert bad.returncode == 1 and "DAMAGED: 1 of" in bad.stdout and "missing  dec_k (row 0, step block 0)" in bad.stdout
+    assert bad.returncode == 1 and "DAMAGED: 1 of" in bad.stdout
+    assert "missing  dec_k (row 0, step block 0)" in bad.stdout
     assert "Traceback" not in bad.stderr
 
 

@@ -39,8 +39,10 @@ def test_payload_is_refused_untrusted_and_never_runs(tmp_path, loader, error, wh
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("content, reason", [(b"", "the file is empty or truncated"),
-                                             (np.random.default_rng(0).bytes(4096), "no torch.save archive")], ids=["empty", "random"])
+FOREIGN = [(b"", "the file is empty or truncated"), (np.random.default_rng(0).bytes(4096), "no torch.save archive")]
+
+
+@pytest.mark.parametrize("content, reason", FOREIGN, ids=["empty", "random"])
 @pytest.mark.parametrize("loader, error, what", LOADERS, ids=IDS)
 def test_foreign_bytes_get_one_line(tmp_path, loader, error, what, content, reason):
     path = tmp_path / "file.pth"

@@ -135,5 +135,6 @@ def test_cli_train_ctrl_c_exits_130_and_bad_values_leave_no_folder(tmp_path, mon
     monkeypatch.undo()
     assert main(["train", "--preset", "nosuch", "--out", str(tmp_path / "bad")]) == 2
     assert "unknown preset 'nosuch'" in capsys.readouterr().err and not (tmp_path / "bad").exists()
-    assert main(["train", "--preset", "mar_tiny", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b2")]) == 2
+    bad_data = ["train", "--preset", "mar_tiny", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b2")]
+    assert main(bad_data) == 2
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "b2").exists()

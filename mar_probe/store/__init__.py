@@ -3,5 +3,7 @@ from .integrity import IntegrityReport, mark_for_repair, missing_chunks, verify
 from .reader import DamagedRunWarning, IncompleteRunWarning, SchemaError, open_run, read_attrs
 from .schema import SCHEMA_VERSION, estimate_size, format_bytes, resolve
 
-__all__ = ["SCHEMA_VERSION", "DamagedRunWarning", "IncompleteRunWarning", "IntegrityReport", "mark_for_repair", "missing_chunks", "verify", "SchemaError", "estimate_size", "format_bytes", "open_run",
-           "read_attrs", "resolve"]
+__all__ = ["SCHEMA_VERSION", "DamagedRunWarning", "IncompleteRunWarning", "IntegrityReport", "SchemaError",
+           "estimate_size", "format_bytes", "mark_for_repair", "missing_chunks", "open_run", "read_attrs", "resolve",
+           "verify"]
+

@@ -41,7 +41,8 @@ def compressors(compression: str = "lz4") -> tuple:
     """The codec chain of every data variable: Blosc with byte shuffle (good on float16 activations).
 
     Every chain ends with a crc32c checksum of the chunk, so a damaged chunk fails to decode instead of reading
-    as other values. ``lz4`` (default, clevel 5) costs the least CPU per byte; ``zstd`` (clevel 3) compresses activations about 8%
+    as other values.
+    ``lz4`` (default, clevel 5) costs the least CPU per byte; ``zstd`` (clevel 3) compresses activations about 8%
     smaller at about 1.6x the CPU time (see ``benchmarks/bench_record.py``); ``none`` stores raw chunks.
     """
     if compression not in COMPRESSIONS:
