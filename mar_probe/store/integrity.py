@@ -75,7 +75,7 @@ class _Var:
     per_step: bool
 
 
-def _data_variables(root) -> list[_Var]:
+def data_variables(root) -> list[_Var]:
     """The arrays written per (sample, step block) or per sample, flags excluded, coordinates excluded."""
     coords = set(str(root.attrs.get("coordinates", "")).split())
     out = []
@@ -157,7 +157,7 @@ def _check(path, decode: bool) -> IntegrityReport:
     damages: list[Damage] = []
     done, complete = _flags(root, damages)  # small: always decoded, chunk by chunk
     checked = 0
-    for var in _data_variables(root):
+    for var in data_variables(root):
         present = _listing(path, var.name)
         for row, block, coords in _expected(var, done, complete):
             checked += 1
