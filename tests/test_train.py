@@ -138,3 +138,18 @@ def test_cli_train_ctrl_c_exits_130_and_bad_values_leave_no_folder(tmp_path, mon
     bad_data = ["train", "--preset", "mar_tiny", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b2")]
     assert main(bad_data) == 2
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "b2").exists()
+
+
+def test_export_of_a_warm_start_carries_the_earlier_phases(tmp_path):
+    import dataclasses
+    first = export_ema(train(_cfg(tmp_path / "p1", 3)), tmp_path / "p1.pth")
+    second_cfg = dataclasses.replace(_cfg(tmp_path / "p2", 2), init=str(first), seed=1)
+    second = torch.load(export_ema(train(second_cfg), tmp_path / "p2.pth"), weights_only=False)
+    assert second["phase_iterations"] == [3, 2] and len(second["train_phases"]) == 2
+    assert second["train_phases"][1]["init"] == str(first) and second["train_phases"][0]["init"] is None
+    history = second["loss_history"]
+    assert [h[0] for h in history] == [0, 1, 2, 3, 4]
+    times = [h[2] for h in history]
+    assert times == sorted(times)
+    p1 = torch.load(first, weights_only=False)
+    assert [h[1] for h in history[:3]] == [h[1] for h in p1["loss_history"]]
