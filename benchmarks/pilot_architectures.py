@@ -70,13 +70,16 @@ def train_all(presets: list[str], root: Path, s: PilotSettings) -> dict[str, flo
 
 def evaluate(preset: str, root: Path, s: PilotSettings) -> dict:
     """Sample eval_per_class images of every class from the candidate's EMA weights and score them."""
+    return evaluate_file(root / preset / "ema.pth", s, label=preset)
+
+
+def evaluate_file(path: Path, s: PilotSettings, label: str) -> dict:
+    """The pilots' evaluation of any exported checkpoint (so later training phases compare with the pilots)."""
     import numpy as np
-    import torch
 
     from mar_probe import load_model, sample
     from mar_probe.models.checkpoints import read_checkpoint
     from mar_probe.quality import quality_report
-    path = root / preset / "ema.pth"
     state = read_checkpoint(path)
     history = state["loss_history"]
     model = load_model(path)
@@ -88,7 +91,7 @@ def evaluate(preset: str, root: Path, s: PilotSettings) -> dict:
     report = quality_report({"images": res.images, "labels": res.labels})
     n_params = sum(p.numel() for p in model.parameters())
     tail = [h[1] for h in history[-100:]]
-    return dict(preset=preset, params=n_params, iterations=len(history), train_seconds=history[-1][2],
+    return dict(preset=label, params=n_params, iterations=len(history), train_seconds=history[-1][2],
                 seconds_per_iteration=history[-1][2] / len(history), final_loss_mean100=float(np.mean(tail)),
                 sample_seconds=sample_s, **_scores(report))
 

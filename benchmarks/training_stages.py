@@ -131,26 +131,44 @@ def measure_stage(name: str, spec: str, out: Path, s: StageSettings) -> tuple[li
     return rows, source
 
 
+def _panel(quantity: str) -> tuple[str, str]:
+    """(panel title, line label): selectors of one precision share a panel, as do the strategies' PSNR."""
+    if ": " in quantity:
+        title, label = quantity.split(": ", 1)
+        return title, label
+    if quantity.endswith(" PSNR vs full (dB)"):
+        return "PSNR vs full (dB); 100 = identical images", quantity.split()[0]
+    return quantity, ""
+
+
 def plot(frame: pd.DataFrame, stages: list[str], path: Path) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    quantities = list(dict.fromkeys(frame["quantity"]))
-    cols = 4
-    rows = -(-len(quantities) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    panels: dict[str, list[tuple[str, str]]] = {}
+    for q in dict.fromkeys(frame["quantity"]):
+        title, label = _panel(q)
+        panels.setdefault(title, []).append((q, label))
+    cols = 3
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), squeeze=False)
     x = np.arange(len(stages))
-    for ax, q in zip(axes.ravel(), quantities):
-        d = frame[frame["quantity"] == q].set_index("stage").reindex(stages)
-        err = np.vstack([d["mean"] - d["lo"], d["hi"] - d["mean"]])
-        ax.errorbar(x, d["mean"], yerr=np.nan_to_num(err), fmt="o-", capsize=4)
+    for ax, (title, lines) in zip(axes.ravel(), panels.items()):
+        for i, (q, label) in enumerate(lines):
+            d = frame[frame["quantity"] == q].set_index("stage").reindex(stages)
+            err = np.vstack([d["mean"] - d["lo"], d["hi"] - d["mean"]])
+            style = dict(ls="--", color="grey") if label == "random" else dict(ls="-")
+            ax.errorbar(x + 0.04 * i, d["mean"], yerr=np.nan_to_num(err), fmt="o", capsize=4, label=label or None,
+                        **style)
+        if any(label for _, label in lines):
+            ax.legend(fontsize=7, loc="best")
         ax.set_xticks(x, stages)
         ax.set_xlabel("training stage")
         ax.set_ylabel("mean [95% CI]")
-        ax.set_title(q, fontsize=8.5, wrap=True)
-    for ax in axes.ravel()[len(quantities):]:
+        ax.set_title(title, fontsize=9)
+    for ax in axes.ravel()[len(panels):]:
         ax.axis("off")
-    fig.suptitle("Headline measurements across training stages (mean and 95% interval over samples)")
+    fig.suptitle("Headline measurements across training stages (mean and 95% t-interval over samples)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
