@@ -25,7 +25,7 @@ def _sampling_cases(cmd: str, extra: list[str]) -> list[tuple[str, list[str]]]:
              "--cfg": ["nan", "inf", "0.5", "abc"], "--temperature": ["0", "-1", "nan", "inf"],
              "--batch-size": ["0", "-1"], "--labels": ["a,b", "10", "-1", ","], "--samples-per-class": ["0"],
              "--num-sampling-steps": ["0", "abc"], "--cfg-schedule": ["bogus"], "--rng": ["bogus"],
-             "--device": ["bogus", "cuda:99"], "--strategy": ["nosuch"]}
+             "--device": ["bogus", "cuda:99"], "--strategy": ["nosuch"], "--threads": ["0", "-1"]}
     cases = [(f"{cmd} {flag} {v}", base + [flag, v]) for flag, values in flags.items() for v in values
              if not (cmd == "compare" and flag == "--strategy")]
     for src in ("payload", "random", "empty", "ints", "dir", "missing"):
