@@ -92,8 +92,8 @@ def corrupt_matrix(root: Path, ref: Path) -> list[dict]:
     import zarr
 
     from mar_probe.store.integrity import data_variables
-    root = zarr.open_group(str(ref), mode="r", use_consolidated=False)
-    variables = sorted(v.name for v in data_variables(root)) + list(FLAG_VARIABLES)
+    group = zarr.open_group(str(ref), mode="r", use_consolidated=False)
+    variables = sorted(v.name for v in data_variables(group)) + list(FLAG_VARIABLES)
     rows = []
     for variable in variables:
         for how in ("delete", "garbage"):

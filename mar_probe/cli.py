@@ -541,7 +541,13 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
+
+
 def main(argv=None) -> int:
+    import warnings
+    warnings.formatwarning = _one_line_warning  # a warning is one line of the CLI's output, not two
     args = make_parser().parse_args(argv)
     try:
         return args.func(args)

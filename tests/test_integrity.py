@@ -121,3 +121,12 @@ def test_resume_without_repair_warns_about_missing_chunks(tmp_path, ref_store, c
     _record_ref(store, resume=True)
     err = capsys.readouterr().err
     assert "warning: 1 chunks of finished steps are missing" in err and "(samples [4])" in err and "--repair" in err
+
+
+def test_a_lost_done_chunk_reads_as_unfinished_and_resume_redoes_it(tmp_path, ref_store):
+    store = tmp_path / "run.zarr"
+    shutil.copytree(ref_store, store)
+    _delete(store, "done", 2)
+    assert verify(store).ok  # no data lost: the steps only count as unfinished
+    _record_ref(store, resume=True)
+    _assert_same_store(store, ref_store)

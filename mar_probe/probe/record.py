@@ -361,9 +361,11 @@ def _warn_damage(out: Path) -> None:
 
 def _run(model, plan: dict, *, vae, queue_size: int, threads: int, progress: bool) -> RecordResult:
     layout, s = plan["layout"], plan["sampling"]
-    _, complete = read_flags(plan["out"])
+    done, complete = read_flags(plan["out"])
     units = _units(layout, s["batch_size"], plan["shard"])
-    todo = [u for u in units if not complete[u].all()]
+    # a unit is redone unless all its samples are complete with every step flagged done (a lost done chunk
+    # reads as unfinished steps: issue 19)
+    todo = [u for u in units if not (complete[u].all() and done[u].all())]
     t0 = time.perf_counter()
     writer = StoreWriter(plan["out"], layout, queue_size=queue_size, threads=threads)
     bar = tqdm(total=len(todo) * s["num_iter"], disable=not progress, desc="record", unit="step")
