@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 
-def plot_loss_curve(history, path=None, ax=None, window: int = 50):
+def plot_loss_curve(history, path=None, ax=None, window: int = 50, phase_iterations=None):
     """Plot the training loss (raw and a moving average) against iterations.
 
     Parameters
@@ -18,6 +18,8 @@ def plot_loss_curve(history, path=None, ax=None, window: int = 50):
     ax : matplotlib Axes, optional
     window : int
         Width of the moving average.
+    phase_iterations : sequence of int, optional
+        Iterations of each training phase (an export's ``phase_iterations``): a dotted line marks each new phase.
     """
     import matplotlib
     matplotlib.use("Agg", force=False)
@@ -29,6 +31,8 @@ def plot_loss_curve(history, path=None, ax=None, window: int = 50):
     if len(h) >= window:
         smooth = np.convolve(h[:, 1], np.ones(window) / window, mode="valid")
         ax.plot(h[window - 1:, 0], smooth, lw=1.5, label=f"moving average ({window})")
+    for start in np.cumsum(phase_iterations or [])[:-1]:
+        ax.axvline(start, color="grey", ls=":", lw=1)
     ax.set(xlabel="iteration", ylabel="diffusion loss (MSE + VB)", yscale="log",
            title=f"training loss, {h[-1, 2] / 60:.0f} min wall time")
     ax.legend()
