@@ -90,7 +90,8 @@ GOLDEN = [0.9485698938369751, -0.3578397035598755, 0.7612481117248535, 0.5069280
     (dict(labels=[1], num_iter=65), "num_iter 65 exceeds the 64 tokens"),
     (dict(labels=[1], cfg_schedule="cosine"), "unknown cfg_schedule 'cosine'"),
     (dict(labels=[1], rng="numpy"), "unknown rng mode 'numpy'"),
-    (dict(labels=[1], temperature=0.0), "temperature > 0"),
+    (dict(labels=[1], temperature=0.0), "temperature must be a finite number > 0, got 0.0"),
+    (dict(labels=[1], cfg=float("nan")), "cfg must be a finite number >= 1, got nan"),
 ])
 def test_bad_inputs(tiny_model, kwargs, match):
     labels = kwargs.pop("labels")

@@ -173,8 +173,9 @@ def _mark_incomplete(ds, path, mask: bool, warn: bool):
             elif "sample" in var.dims:
                 ds[name] = var.where(ds["complete"])
     if warn and (len(bad) or (~complete).any()):
+        first = ds.attrs["incomplete_samples"][:8] or sorted({s for s, _ in ds.attrs["incomplete"]})[:8]
         warnings.warn(f"run {str(path)!r} is incomplete: {len(bad)} of {done.size} (sample, step) pairs and "
                       f"{int((~complete).sum())} of {complete.size} samples lack their completion flag "
-                      f"(first samples {ds.attrs['incomplete_samples'][:8]!r}); their data are masked with NaN. "
+                      f"(first samples affected {first!r}); their data are masked with NaN. "
                       "Complete the run with `mar-probe record --resume`.", IncompleteRunWarning, stacklevel=3)
     return ds
