@@ -1,17 +1,17 @@
 """The public sampling API: :func:`sample` and its :class:`SampleResult`."""
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .models.checkpoints import resolve_sampling
+from .engine.sampling import SamplingConfig, check_guidance, head_steps_applied, sampling_config
 from .models.tokenizer import PixelTokenizer
-from .sampler import CFG_SCHEDULES, SampleRNG, Sampler
+from .sampler import SampleRNG, Sampler
+
+__all__ = ["SampleResult", "check_guidance", "decode_images", "sample"]  # check_guidance: its old home
 
 
 @dataclass
@@ -43,15 +43,8 @@ def decode_images(model, tokens: torch.Tensor, vae=None) -> np.ndarray | None:
     return decoder.decode_tokens(tokens)
 
 
-def check_guidance(cfg, temperature) -> None:
-    """The one check of CFG scale and temperature: finite, CFG >= 1 and temperature > 0 (issue 19: NaN passed)."""
-    for name, value, ok, want in (("cfg", cfg, lambda v: v >= 1.0, ">= 1"),
-                                  ("temperature", temperature, lambda v: v > 0, "> 0")):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-            raise ValueError(f"{name} must be a finite number {want}, got {value!r}")
-
-
-def _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size) -> torch.Tensor:
+def check_labels(model, labels, batch_size) -> torch.Tensor:
+    """Labels as a [B] long tensor, each within the model's classes; ``batch_size`` None or >= 1."""
     labels = torch.as_tensor(np.asarray(labels), dtype=torch.long).reshape(-1)
     n = model.num_classes
     bad = labels[(labels < 0) | (labels >= n)]
@@ -59,13 +52,6 @@ def _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_siz
         raise ValueError(f"label {int(bad[0])!r} is outside the model's class range [0, {n - 1}]")
     if len(labels) == 0:
         raise ValueError("labels is empty; expected at least one class label")
-    if not isinstance(num_iter, int) or num_iter < 1:
-        raise ValueError(f"num_iter must be a positive integer, got {num_iter!r}")
-    if num_iter > model.seq_len:
-        raise ValueError(f"num_iter {num_iter!r} exceeds the {model.seq_len} tokens to generate")
-    if cfg_schedule not in CFG_SCHEDULES:
-        raise ValueError(f"unknown cfg_schedule {cfg_schedule!r}; expected one of {CFG_SCHEDULES!r}")
-    check_guidance(cfg, temperature)
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
     return labels
@@ -82,8 +68,9 @@ def _strategy(strategy):
                      f"got {strategy!r}")
 
 
-def sample(model, labels, *, num_iter: int | None = None, cfg: float | None = None, cfg_schedule: str | None = None,
-           temperature: float | None = None, seed: int = 0, rng: str = "own", batch_size: int | None = None,
+def sample(model, labels, *, sampling: SamplingConfig | None = None, num_iter: int | None = None,
+           cfg: float | None = None, cfg_schedule: str | None = None, temperature: float | None = None,
+           head_steps: str | None = None, rng: str | None = None, seed: int = 0, batch_size: int | None = None,
            strategy=None, observers=(), vae=None, progress: bool = False) -> SampleResult:
     """Generate images with MAR's sampling semantics.
 
@@ -93,15 +80,16 @@ def sample(model, labels, *, num_iter: int | None = None, cfg: float | None = No
         A model in eval mode (see :func:`mar_probe.load_model`).
     labels : array-like of int
         One class label per image.
-    num_iter, cfg, cfg_schedule, temperature
-        As in the official ``sample_tokens``; None takes the model's recommended setting (a checkpoint's
-        ``sampling_defaults``, see :func:`~mar_probe.models.checkpoints.resolve_sampling`), else the official
-        defaults 64, 1.0, "linear", 1.0.
+    sampling : SamplingConfig, optional
+        The sampling settings (:class:`~mar_probe.engine.SamplingConfig`); fields left None take the model's
+        recommended setting (a checkpoint's ``sampling_defaults``), else the official defaults 64, 1.0,
+        "linear", 1.0 and the model's head steps.
+    num_iter, cfg, cfg_schedule, temperature, head_steps, rng
+        Shortcuts for the same fields; a value given here (not None) overrides ``sampling``'s.
+        ``rng="official"`` consumes random numbers exactly like the official code after
+        ``np.random.seed(seed); torch.manual_seed(seed)``.
     seed : int
         Seed of this call's own generators (no global state is touched).
-    rng : {"own", "official"}
-        ``"official"`` consumes random numbers exactly like the official code after
-        ``np.random.seed(seed); torch.manual_seed(seed)``.
     batch_size : int, optional
         Images per forward batch (default: all at once).
     strategy : Strategy or str, optional
@@ -112,24 +100,24 @@ def sample(model, labels, *, num_iter: int | None = None, cfg: float | None = No
     vae : optional
         A KL-16 VAE to decode latent tokens of ImageNet models.
     """
-    s = resolve_sampling(model, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature)
-    num_iter, cfg, cfg_schedule, temperature = s["num_iter"], s["cfg"], s["cfg_schedule"], s["temperature"]
-    labels = _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size)
+    s = sampling_config(sampling, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature,
+                        head_steps=head_steps, rng=rng).resolve(model)
+    labels = check_labels(model, labels, batch_size)
     device = next(model.parameters()).device
-    gen = SampleRNG.create(seed, rng, device)
-    strategy = _strategy(strategy)
-    sampler = Sampler(model, strategy, observers, device)
+    gen = SampleRNG.create(seed, s.rng, device)
+    sampler = Sampler(model, _strategy(strategy), observers, device)
     bs = batch_size or len(labels)
     outs, orders = [], []
-    for i in tqdm(range(0, len(labels), bs), disable=not progress, desc="batches"):
-        toks, ords = sampler.run(labels[i:i + bs].to(device), gen, num_iter=num_iter, cfg=cfg,
-                                 cfg_schedule=cfg_schedule, temperature=temperature, progress=progress)
-        outs.append(model.unpatchify(toks).float().cpu())
-        orders.append(ords.cpu().numpy())
+    with head_steps_applied(model, s.head_steps):
+        for i in tqdm(range(0, len(labels), bs), disable=not progress, desc="batches"):
+            toks, ords = sampler.run(labels[i:i + bs].to(device), gen, num_iter=s.num_iter, cfg=s.cfg,
+                                     cfg_schedule=s.cfg_schedule, temperature=s.temperature, progress=progress)
+            outs.append(model.unpatchify(toks).float().cpu())
+            orders.append(ords.cpu().numpy())
     tokens = torch.cat(outs)
-    settings = dict(num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature, seed=seed,
-                    rng=rng, num_sampling_steps=model.diffloss.num_sampling_steps,
-                    strategy=sampler.strategy.to_dict(), model=model.config.name)
+    settings = dict(num_iter=s.num_iter, cfg=s.cfg, cfg_schedule=s.cfg_schedule, temperature=s.temperature,
+                    seed=seed, rng=s.rng, num_sampling_steps=s.head_steps, strategy=sampler.strategy.to_dict(),
+                    model=model.config.name)
     return SampleResult(tokens=tokens, labels=labels.numpy(), orders=np.concatenate(orders),
                         images=decode_images(model, tokens, vae), settings=settings, timings=dict(sampler.timer.totals),
                         cost=sampler.timer.report())

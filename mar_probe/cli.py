@@ -31,28 +31,29 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples-per-class", type=int, metavar="K",
                    help="K images of every class (or of each --labels entry); overrides --num-samples")
     g.add_argument("--seed", type=int, default=0, help="seed of the run's own generators (default: 0)")
-    rec = "the checkpoint's recommended value, else"
-    g.add_argument("--num-iter", type=int, help=f"MAR decoding steps (default: {rec} 64)")
-    g.add_argument("--cfg", type=float, help=f"classifier-free guidance scale (default: {rec} 3.0)")
-    g.add_argument("--cfg-schedule", choices=["linear", "constant"], help=f"(default: {rec} linear)")
-    g.add_argument("--temperature", type=float, help=f"diffusion sampling temperature (default: {rec} 1.0)")
+    from .engine.sampling import CFG_SCHEDULES, OFFICIAL
+    rec = "the checkpoint's recommended value, else the official"
+    g.add_argument("--num-iter", type=int, help=f"MAR decoding steps (default: {rec} {OFFICIAL['num_iter']})")
+    g.add_argument("--cfg", type=float, help=f"classifier-free guidance scale (default: {rec} {OFFICIAL['cfg']})")
+    g.add_argument("--cfg-schedule", choices=list(CFG_SCHEDULES), help=f"(default: {rec} {OFFICIAL['cfg_schedule']})")
+    g.add_argument("--temperature", type=float,
+                   help=f"diffusion sampling temperature (default: {rec} {OFFICIAL['temperature']})")
     g.add_argument("--num-sampling-steps", help="diffusion steps of the head (default: the model's)")
     g.add_argument("--batch-size", type=int, default=64, help="images per forward batch (default: 64)")
     g.add_argument("--rng", default="own", choices=["own", "official"], help="random-number layout")
 
 
-CLI_SAMPLING = {"num_iter": 64, "cfg": 3.0, "cfg_schedule": "linear", "temperature": 1.0}
-
-
 def build_model(args):
     """The model named by --model/--checkpoint (random preset, checkpoint, or the embedded default).
 
-    Sampling flags left unset (None) are filled in ``args`` from the checkpoint's recommended settings, else
-    :data:`CLI_SAMPLING`.
+    Sampling flags left unset (None) are filled in ``args`` by :meth:`~mar_probe.engine.SamplingConfig.resolve`
+    (the checkpoint's recommended settings, else the official defaults), the same rule as :func:`mar_probe.sample`,
+    so a command and the API sample the same images (issue 18).
     """
     import torch
 
-    from .models.checkpoints import create_model, load_model, resolve_device, resolve_sampling
+    from .engine.sampling import SamplingConfig
+    from .models.checkpoints import create_model, load_model, resolve_device
     if not isinstance(args.threads, int) or args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
     torch.set_num_threads(args.threads)
@@ -63,10 +64,12 @@ def build_model(args):
     else:
         model = load_model(args.checkpoint, preset=args.model, ema=not args.no_ema, device=args.device,
                            num_sampling_steps=steps)
-    given = {k: getattr(args, k) for k in CLI_SAMPLING if hasattr(args, k)}
-    for key, value in resolve_sampling(model, CLI_SAMPLING, **given).items():
-        if key in given:
-            setattr(args, key, value)
+    flags = ("num_iter", "cfg", "cfg_schedule", "temperature", "rng")
+    given = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
+    resolved = SamplingConfig(**given).resolve(model)
+    for key in flags:
+        if hasattr(args, key):
+            setattr(args, key, getattr(resolved, key))
     return model
 
 
@@ -472,7 +475,8 @@ def _add_study(p):
                    f"each (default: {','.join(map(str, d.seeds))})")
     p.add_argument("--num-iter", type=int, default=d.num_iter, help=f"MAR decoding steps (default: {d.num_iter})")
     p.add_argument("--cfg", type=float, default=d.cfg, help=f"guidance scale (default: {d.cfg})")
-    p.add_argument("--temperature", type=float, help="diffusion temperature (default: the checkpoint's, else 1.0)")
+    p.add_argument("--temperature", type=float, help="diffusion temperature (default: the checkpoint's, else the "
+                   "official 1.0)")
     p.add_argument("--format", default="png", help="figure formats, e.g. png,pdf (default: png)")
     p.add_argument("--overwrite", action="store_true", help="replace existing stores instead of reusing them")
 

@@ -49,6 +49,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ._config import checked_fields
+from .engine.sampling import SamplingConfig
 from .machine import machine
 from .quality.paired import paired_fidelity, summarize
 
@@ -117,10 +118,12 @@ class CompareConfig:
     num_samples: int = 20
     labels: tuple[int, ...] | None = None
     seeds: tuple[int, ...] = (0,)
-    num_iter: int = 64
-    cfg: float = 3.0
-    cfg_schedule: str = "linear"
-    temperature: float = 1.0
+    # sampling settings: None is the model's recommended setting, else the official default (SamplingConfig)
+    num_iter: int | None = None
+    cfg: float | None = None
+    cfg_schedule: str | None = None
+    temperature: float | None = None
+    head_steps: str | None = None
     batch_size: int = 64
     rng: str = "own"
     grid_images: int = 8
@@ -143,14 +146,27 @@ class CompareConfig:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds!r}")
-        for name in ("num_samples", "num_iter", "batch_size"):
+        for name in ("num_samples", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        self.sampling  # noqa: B018  (validates the sampling fields)
         if self.grid_images < 0:
             raise ValueError(f"grid_images must be >= 0, got {self.grid_images!r}")
         if self.paired_against is not None and self.paired_against not in labels:
             raise ValueError(f"paired_against must be one of the strategy labels {labels!r}, "
                              f"got {self.paired_against!r}")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling fields as the engine's :class:`~mar_probe.engine.SamplingConfig`."""
+        return SamplingConfig(num_iter=self.num_iter, cfg=self.cfg, cfg_schedule=self.cfg_schedule,
+                              temperature=self.temperature, head_steps=self.head_steps, rng=self.rng)
+
+    def resolved(self, model) -> "CompareConfig":
+        """This config with every sampling field the model's recommended setting, else the official default."""
+        s = self.sampling.resolve(model)
+        return dataclasses.replace(self, num_iter=s.num_iter, cfg=s.cfg, cfg_schedule=s.cfg_schedule,
+                                   temperature=s.temperature, head_steps=s.head_steps)
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -190,9 +206,7 @@ def run_strategy(model, run: StrategyRun, labels, seed: int, config: CompareConf
     """Sample ``labels`` with one strategy and seed; keeps tokens, images, seconds and FLOPs."""
     from .api import sample
     from .probe.shadow import sample_with_shadow
-    kw = dict(num_iter=config.num_iter, cfg=config.cfg, cfg_schedule=config.cfg_schedule,
-              temperature=config.temperature, seed=seed, rng=config.rng, batch_size=config.batch_size,
-              strategy=run.create(), vae=vae)
+    kw = dict(sampling=config.sampling, seed=seed, batch_size=config.batch_size, strategy=run.create(), vae=vae)
     shadow = {}
     if config.shadow:
         res, ds = sample_with_shadow(model, labels, **kw)
@@ -273,6 +287,7 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
     With ``partial`` (a folder), every finished (strategy, seed) run is saved there as it completes (see
     :class:`PartialRuns`); with ``resume`` the runs already there are loaded instead of run again."""
     from .probe.record import image_shape, weights_sha256
+    config = config.resolved(model)  # results and the resume stamp hold the settings actually used
     if image_shape(model, vae) == (28, 28, 1) and config.num_samples < 2:  # checked before anything is sampled
         raise ValueError(f"num_samples must be >= 2 for the Frechet distance of Fashion-MNIST images (a covariance "
                          f"of classifier features), got {config.num_samples!r}")

@@ -16,10 +16,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .engine.sampling import CFG_SCHEDULES, RNG_MODES
 from .strategies.base import FullStrategy, Strategy, Timer
-
-CFG_SCHEDULES = ("linear", "constant")
-RNG_MODES = ("own", "official")
 
 
 @dataclass

@@ -69,12 +69,19 @@ class StudyConfig:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
                 not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ValueError(f"StudyConfig.seeds must be distinct non-negative integers, got {self.seeds!r}")
-        from .api import check_guidance
-        check_guidance(self.cfg, 1.0 if self.temperature is None else self.temperature)
+        self.sampling  # noqa: B018  (validates the sampling fields)
         if not isinstance(self.layer, int) or self.layer < 0:
             raise ValueError(f"StudyConfig.layer must be a non-negative integer, got {self.layer!r}")
         if self.cfg == 1.0 and "z_cfg_resid" in self.variables:
             raise ValueError("StudyConfig.cfg must differ from 1.0 to measure the CFG residual, got 1.0")
+
+    @property
+    def sampling(self):
+        """The sampling fields as the engine's :class:`~mar_probe.engine.SamplingConfig` (temperature None: the
+        checkpoint's recommended one, else the official default)."""
+        from .engine.sampling import SamplingConfig
+        return SamplingConfig(num_iter=self.num_iter, cfg=self.cfg, cfg_schedule=self.cfg_schedule,
+                              temperature=self.temperature)
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict (lists for tuples)."""
@@ -112,8 +119,7 @@ def _record_all(model, config: StudyConfig, out: Path, checkpoint, progress: boo
     stores = []
     for j, seed in enumerate(config.seeds):
         path = out / f"seed{seed}.zarr"
-        record(model, config.labels(j, model.num_classes), path, spec, seed=seed, num_iter=config.num_iter,
-               cfg=config.cfg, cfg_schedule=config.cfg_schedule, temperature=config.temperature,
+        record(model, config.labels(j, model.num_classes), path, spec, sampling=config.sampling, seed=seed,
                batch_size=config.samples_per_seed, checkpoint=checkpoint, resume=path.exists() and not config.overwrite,
                overwrite=config.overwrite, progress=progress)
         stores.append(path)

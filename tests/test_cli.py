@@ -144,8 +144,8 @@ def test_ctrl_c_says_what_is_saved_and_exits_130(tmp_path, capsys, monkeypatch):
             raise KeyboardInterrupt
         return real_run(*args, **kwargs)
     monkeypatch.setattr(compare_module, "run_strategy", second_run_interrupted)
-    argv = ["compare", "--model", "mar_tiny", "--num-samples", "2", "--num-iter", "2", "--strategies", "full,marche",
-            "--out", str(tmp_path / "c")]
+    argv = ["compare", "--model", "mar_tiny", "--num-samples", "2", "--num-iter", "2", "--cfg", "3.0",
+            "--strategies", "full,marche", "--out", str(tmp_path / "c")]
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert "mar-probe compare: interrupted; 1 of 2 (strategy, seed) runs are saved in" in err
@@ -154,7 +154,7 @@ def test_ctrl_c_says_what_is_saved_and_exits_130(tmp_path, capsys, monkeypatch):
     def unit_interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(record_module, "_run_unit", unit_interrupted)
-    assert main(["record", "--model", "mar_tiny", "--num-samples", "2", "--num-iter", "2", "--vars", "dec_k",
-                 "--out", str(tmp_path / "r.zarr")]) == 130
+    assert main(["record", "--model", "mar_tiny", "--num-samples", "2", "--num-iter", "2", "--cfg", "3.0",
+                 "--vars", "dec_k", "--out", str(tmp_path / "r.zarr")]) == 130
     err = capsys.readouterr().err
     assert "mar-probe record: interrupted; 0 of 4 steps saved in" in err and "--resume" in err

@@ -61,7 +61,8 @@ def tiny():
 def compared(tiny):
     runs = (StrategyRun(label="marche", name="marche", options=(("budget", 20),)),
             StrategyRun(label="exact", name="marche", options=(("refresh_period", 1),)))
-    config = CompareConfig(runs=runs, num_samples=2, seeds=(0, 1), num_iter=4, grid_images=2, paired_against="exact")
+    config = CompareConfig(runs=runs, num_samples=2, seeds=(0, 1), num_iter=4, cfg=3.0, grid_images=2,
+                           paired_against="exact")
     return config, compare(tiny, config, progress=False)
 
 
@@ -94,12 +95,14 @@ def test_paired_against_differences_per_image(compared):
     assert m["psnr"]["lo"] < m["psnr"]["mean"] < m["psnr"]["hi"] <= 0
 
 
-def test_write_results_round_trip_and_widget(compared, tmp_path):
+def test_write_results_round_trip_and_widget(compared, tiny, tmp_path):
     config, result = compared
     out = write_results(result, tmp_path / "cmp")
     data = json.loads((out / "results.json").read_text())
     assert data["format"] == "mar_probe.compare" and data["version"] == 1
-    assert CompareConfig.from_dict(data["settings"]) == config
+    # the file holds the settings as used: the model's (here the official) values in the fields left out
+    assert CompareConfig.from_dict(data["settings"]) == config.resolved(tiny)
+    assert (data["settings"]["temperature"], data["settings"]["head_steps"]) == (1.0, "4")
     assert data["strategies"]["marche"]["config"]["budget"] == 20
     with np.load(out / data["strategies"]["marche"]["samples_path"]) as f:
         assert f["images"].shape == (2, 8, 8, 1) and f["tokens"].shape == (2, 64, 4)    # [N, seq_len, dim]
@@ -168,7 +171,8 @@ def test_sweep_runs_grid_and_errors():
 
 
 # ---- CLI -----------------------------------------------------------------------------------------------------
-TINY = ["--model", "mar_tiny", "--num-samples", "1", "--num-iter", "3", "--num-sampling-steps", "2"]
+TINY = ["--model", "mar_tiny", "--num-samples", "1", "--num-iter", "3", "--num-sampling-steps", "2",
+        "--cfg", "3.0"]  # CFG given: both branches, as the CLI fallback of 3.0 did before issue 18
 
 
 def test_cli_sweep_writes_csv_and_pareto(tmp_path, capsys):
@@ -223,7 +227,7 @@ def test_compare_resume_reuses_saved_runs_and_refuses_another_comparison(tiny, t
     and gives the same results; a resume with other settings is refused; without resume the folder starts afresh."""
     import mar_probe.compare as C
     runs = (StrategyRun(label="m", name="marche", options=(("budget", 20),)),)
-    config = CompareConfig(runs=runs, num_samples=2, seeds=(0, 1), num_iter=3, grid_images=0, shadow=True)
+    config = CompareConfig(runs=runs, num_samples=2, seeds=(0, 1), num_iter=3, cfg=3.0, grid_images=0, shadow=True)
     first = compare(tiny, config, progress=False, partial=tmp_path / "p")
     saved = sorted(p.name for p in (tmp_path / "p").glob("*.npz"))
     assert saved == ["full.seed0.npz", "full.seed1.npz", "m.seed0.npz", "m.seed1.npz"]

@@ -121,22 +121,24 @@ def test_checkpoint_of_another_image_size_says_so(tmp_path):
 
 def test_recommended_sampling_settings_travel_with_the_checkpoint(tmp_path, tiny_model):
     from mar_probe import sample
-    from mar_probe.models.checkpoints import resolve_sampling, write_sampling_defaults
+    from mar_probe.engine import SamplingConfig
+    from mar_probe.models.checkpoints import write_sampling_defaults
     path = tmp_path / "t.pth"
     _save(path, tiny_model, mar_probe_config=tiny_model.config.to_dict())
     plain = load_model(path)
     assert plain.sampling_defaults == {}
-    assert resolve_sampling(plain) == {"num_iter": 64, "cfg": 1.0, "cfg_schedule": "linear", "temperature": 1.0}
+    assert SamplingConfig().resolve(plain) == SamplingConfig(num_iter=64, cfg=1.0, cfg_schedule="linear",
+                                                             temperature=1.0, head_steps="10", rng="own")
     write_sampling_defaults(path, temperature=0.5, num_iter=4)
     model = load_model(path)
-    assert resolve_sampling(model, {"cfg": 3.0}, cfg=None, temperature=None) == {
-        "num_iter": 4, "cfg": 3.0, "cfg_schedule": "linear", "temperature": 0.5}
-    assert resolve_sampling(model, temperature=0.9)["temperature"] == 0.9  # an explicit value wins
+    assert SamplingConfig(cfg=3.0).resolve(model) == SamplingConfig(num_iter=4, cfg=3.0, cfg_schedule="linear",
+                                                                    temperature=0.5, head_steps="10")
+    assert SamplingConfig(temperature=0.9).resolve(model).temperature == 0.9  # an explicit value wins
     res = sample(model, [0, 1], seed=3)
     assert res.settings["temperature"] == 0.5 and res.settings["num_iter"] == 4
     explicit = sample(model, [0, 1], seed=3, temperature=0.5, num_iter=4, cfg=1.0)
     assert torch.equal(res.tokens, explicit.tokens)
     with pytest.raises(CheckpointError, match=r"unknown sampling_defaults \['temp'\]"):
         write_sampling_defaults(path, temp=0.5)
-    with pytest.raises(TypeError, match="unknown sampling setting"):
-        resolve_sampling(model, steps=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'steps'"):
+        SamplingConfig(steps=3)

@@ -126,7 +126,7 @@ def test_selection_spec_validation_and_roundtrip(tmp_path, tiny_model):
            (dict(samples=(9,)), r"sample\(s\) \[9\]")]
     for kw, match in bad:
         with pytest.raises(ValueError, match=match):
-            estimate_size(SelectionSpec(**kw), tiny_model, 2, 4)
+            estimate_size(SelectionSpec(**kw), tiny_model, 2, 4, cfg=2.0)
     with pytest.raises(ValueError, match="not in this run"):
         estimate_size(SelectionSpec(branches="uncond"), tiny_model, 2, 4, cfg=1.0)
 
@@ -137,7 +137,7 @@ def test_estimate_size(tiny_model):
     assert sizes["dec_k"] == 3 * 4 * 2 * 1 * 68 * 2 * 16 * 2
     assert sizes["z_cfg_resid"] == 3 * 4 * 68 * 32 * 2
     assert sizes["images"] == 3 * 16 * 16 and sizes["mask"] == 3 * 4 * 68
-    bf = estimate_size(spec.replace(dtype="float32", branches="cond"), tiny_model, 3, 4)
+    bf = estimate_size(spec.replace(dtype="float32", branches="cond"), tiny_model, 3, 4, cfg=2.0)
     assert bf["dec_k"] == sizes["dec_k"]  # half the branches, twice the bytes
 
 

@@ -305,7 +305,7 @@ def test_cli_generate_with_strategy_writes_cost_json(tmp_path, capsys):
 
     from mar_probe import cli
     args = ["generate", "--model", "mar_tiny", "--num-samples", "1", "--num-iter", "3", "--num-sampling-steps", "2",
-            "--strategy", "marche", "--strategy-opt", "budget=20", "--strategy-opt", "selection=random",
+            "--cfg", "3.0", "--strategy", "marche", "--strategy-opt", "budget=20", "--strategy-opt", "selection=random",
             "--out", str(tmp_path)]
     assert cli.main(args) == 0
     cost = json.loads((tmp_path / "cost.json").read_text())

@@ -23,21 +23,9 @@ class CheckpointError(ValueError):
     """A checkpoint does not fit the model it is loaded into."""
 
 
+# the settings a checkpoint's "sampling_defaults" may recommend; what is left out is resolved by
+# mar_probe.engine.SamplingConfig.resolve, the one place their defaults live (issue 18)
 SAMPLING_KEYS = ("num_iter", "cfg", "cfg_schedule", "temperature")
-OFFICIAL_SAMPLING = {"num_iter": 64, "cfg": 1.0, "cfg_schedule": "linear", "temperature": 1.0}  # main_mar.py's
-
-
-def resolve_sampling(model, fallback: dict | None = None, **given) -> dict:
-    """Sampling settings: the values given (not None), else the model's recommended ones, else ``fallback``.
-
-    A checkpoint may carry recommended settings under ``"sampling_defaults"`` (as the official MAR README
-    recommends a CFG scale and temperature per model); :func:`load_model` puts them on ``model.sampling_defaults``.
-    """
-    unknown = sorted(set(given) - set(SAMPLING_KEYS))
-    if unknown:
-        raise TypeError(f"unknown sampling setting(s) {unknown!r}; expected some of {SAMPLING_KEYS!r}")
-    base = {**OFFICIAL_SAMPLING, **(fallback or {}), **getattr(model, "sampling_defaults", {})}
-    return {k: given[k] if given.get(k) is not None else base[k] for k in SAMPLING_KEYS}
 
 
 def _sampling_defaults(state: dict, path) -> dict:

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..api import _validate, decode_images
-from ..models.checkpoints import resolve_sampling
+from ..api import check_labels, decode_images
+from ..engine.sampling import SamplingConfig, head_steps_applied, sampling_config
 from ..sampler import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
@@ -247,9 +247,9 @@ class _Progress:
             self.bar.set_postfix_str(f"{format_bytes(self.writer.bytes_logical)} written", refresh=False)
 
 
-def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int = 0, num_iter: int | None = None,
-           cfg: float | None = None, cfg_schedule: str | None = None, temperature: float | None = None, rng: str = "own",
-           batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
+def record(model, labels, out, spec: SelectionSpec | None = None, *, sampling: SamplingConfig | None = None,
+           seed: int = 0, num_iter: int | None = None, cfg: float | None = None, cfg_schedule: str | None = None,
+           temperature: float | None = None, head_steps: str | None = None, rng: str | None = None, batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
            overwrite: bool = False, repair: bool = False, shard=None, queue_size: int = 8, writer_threads: int = 4,
            compression: str = "lz4", steps_per_chunk: int | None = None, progress: bool = False) -> RecordResult:
     """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.
@@ -266,9 +266,11 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
         What to record (default: :data:`~mar_probe.probe.spec.DEFAULT_VARIABLES` of every layer and step).
     seed : int
         Run seed; sample ``i`` uses ``SeedSequence([seed, i])`` (see :func:`sample_seeds`).
-    num_iter, cfg, cfg_schedule, temperature, rng
-        Sampling settings as in :func:`mar_probe.sample` (None: the model's recommended setting, else the
+    sampling : SamplingConfig, optional
+        Sampling settings as in :func:`mar_probe.sample` (None fields: the model's recommended setting, else the
         official default).
+    num_iter, cfg, cfg_schedule, temperature, head_steps, rng
+        Shortcuts for the same fields; a value given here (not None) overrides ``sampling``'s.
     batch_size : int
         Samples per sampler run; data depend on it (it is part of the run's identity).
     strategy : Strategy or str, optional
@@ -302,41 +304,57 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, seed: int =
     -------
     RecordResult
     """
-    st = resolve_sampling(model, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature)
-    num_iter, cfg, cfg_schedule, temperature = st["num_iter"], st["cfg"], st["cfg_schedule"], st["temperature"]
+    st = sampling_config(sampling, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature,
+                         head_steps=head_steps, rng=rng).resolve(model)
     compressors(compression)  # an unknown name fails before anything runs
     check_writer_settings(queue_size, writer_threads)
     if repair and not resume:
         raise ValueError("--repair re-records the damaged samples of an existing store: give it with --resume")
-    plan = _plan(model, labels, out, spec, seed=seed, num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule,
-                 temperature=temperature, rng=rng, batch_size=batch_size, strategy=strategy, vae=vae,
-                 checkpoint=checkpoint, shard=shard, steps_per_chunk=steps_per_chunk)
-    _prepare_store(plan["out"], plan["layout"], plan["attrs"], plan["labels"], plan["seeds"], resume=resume,
-                   overwrite=overwrite, shard=plan["shard"], compression=compression)
-    if repair:
-        _mark_damage(plan["out"])
-    elif resume:
-        _warn_damage(plan["out"])
-    return _run(model, plan, vae=vae, queue_size=queue_size, threads=writer_threads, progress=progress)
+    with head_steps_applied(model, st.head_steps):  # the plan's size estimate and the run see the same head
+        plan = _plan(model, labels, out, spec, sampling=st, seed=seed, batch_size=batch_size, strategy=strategy,
+                     vae=vae, checkpoint=checkpoint, shard=shard, steps_per_chunk=steps_per_chunk)
+        _prepare_store(plan.out, plan.layout, plan.attrs, plan.labels, plan.seeds, resume=resume,
+                       overwrite=overwrite, shard=plan.shard, compression=compression)
+        if repair:
+            _mark_damage(plan.out)
+        elif resume:
+            _warn_damage(plan.out)
+        return _run(model, plan, vae=vae, queue_size=queue_size, threads=writer_threads, progress=progress)
 
 
-def _plan(model, labels, out, spec, *, seed, num_iter, cfg, cfg_schedule, temperature, rng, batch_size,
-          strategy, vae, checkpoint, shard, steps_per_chunk) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class RecordPlan:
+    """What one :func:`record` call writes: the store's layout and attributes, the samples and how they are drawn."""
+    out: Path
+    layout: RunLayout
+    attrs: dict               # the store's root attributes (run_attrs)
+    labels: np.ndarray        # [num_samples] class labels
+    seeds: np.ndarray         # [num_samples] per-sample seeds (sample_seeds)
+    strategy: object          # strategies.Strategy
+    sampling: SamplingConfig  # resolved
+    batch_size: int
+    shard: tuple | None
+
+
+def _plan(model, labels, out, spec, *, sampling: SamplingConfig, seed, batch_size, strategy, vae, checkpoint, shard,
+          steps_per_chunk) -> RecordPlan:
     from ..strategies import FullStrategy, create
-    labels = _validate(model, labels, num_iter, cfg, cfg_schedule, temperature, batch_size).numpy()
+    labels = check_labels(model, labels, batch_size).numpy()
     spec = spec if spec is not None else SelectionSpec()
     if isinstance(strategy, str):
         strategy = create(strategy)
     strategy = strategy or FullStrategy()
+    num_iter = sampling.num_iter
     num_steps = strategy.num_steps(num_iter) if hasattr(strategy, "num_steps") else num_iter
-    layout = resolve(spec, model, num_samples=len(labels), num_iter=num_steps, cfg=cfg,
+    layout = resolve(spec, model, num_samples=len(labels), num_iter=num_steps, cfg=sampling.cfg,
                      images=image_shape(model, vae), steps_per_chunk=steps_per_chunk)
-    seeds = sample_seeds(seed, len(labels))
-    sampling = dict(num_iter=num_iter, cfg=cfg, cfg_schedule=cfg_schedule, temperature=temperature, rng=rng,
-                    batch_size=batch_size, num_sampling_steps=str(model.diffloss.num_sampling_steps))
-    attrs = run_attrs(model, spec, labels, seed, sampling, strategy, checkpoint)
-    return dict(out=Path(out), layout=layout, attrs=attrs, labels=labels, seeds=seeds, strategy=strategy,
-                sampling=sampling, shard=parse_shard(shard))
+    # the stored "sampling" attribute keeps its keys of schema 1 (an identity key: old stores must still resume)
+    stored = dict(num_iter=num_iter, cfg=sampling.cfg, cfg_schedule=sampling.cfg_schedule,
+                  temperature=sampling.temperature, rng=sampling.rng, batch_size=batch_size,
+                  num_sampling_steps=sampling.head_steps)
+    attrs = run_attrs(model, spec, labels, seed, stored, strategy, checkpoint)
+    return RecordPlan(out=Path(out), layout=layout, attrs=attrs, labels=labels, seeds=sample_seeds(seed, len(labels)),
+                      strategy=strategy, sampling=sampling, batch_size=batch_size, shard=parse_shard(shard))
 
 
 def _mark_damage(out: Path) -> None:
@@ -359,19 +377,19 @@ def _warn_damage(out: Path) -> None:
               file=sys.stderr)
 
 
-def _run(model, plan: dict, *, vae, queue_size: int, threads: int, progress: bool) -> RecordResult:
-    layout, s = plan["layout"], plan["sampling"]
-    done, complete = read_flags(plan["out"])
-    units = _units(layout, s["batch_size"], plan["shard"])
+def _run(model, plan: RecordPlan, *, vae, queue_size: int, threads: int, progress: bool) -> RecordResult:
+    layout = plan.layout
+    done, complete = read_flags(plan.out)
+    units = _units(layout, plan.batch_size, plan.shard)
     # a unit is redone unless all its samples are complete with every step flagged done (a lost done chunk
     # reads as unfinished steps: issue 19)
     todo = [u for u in units if not (complete[u].all() and done[u].all())]
     t0 = time.perf_counter()
-    writer = StoreWriter(plan["out"], layout, queue_size=queue_size, threads=threads)
-    bar = tqdm(total=len(todo) * s["num_iter"], disable=not progress, desc="record", unit="step")
+    writer = StoreWriter(plan.out, layout, queue_size=queue_size, threads=threads)
+    bar = tqdm(total=len(todo) * plan.sampling.num_iter, disable=not progress, desc="record", unit="step")
     probe = Probe(model, layout, writer.put_step)
     device = next(model.parameters()).device
-    sampler = Sampler(model, plan["strategy"], [probe, _Progress(bar, writer)], device)
+    sampler = Sampler(model, plan.strategy, [probe, _Progress(bar, writer)], device)
     try:
         with probe.attached():
             for unit in todo:
@@ -380,24 +398,24 @@ def _run(model, plan: dict, *, vae, queue_size: int, threads: int, progress: boo
         bar.close()
         writer.close(raise_error=False)  # flush what is queued; the original error wins
         if isinstance(exc, KeyboardInterrupt):
-            done, _ = read_flags(plan["out"])
+            done, _ = read_flags(plan.out)
             raise RecordInterrupted(f"interrupted; {int(done.sum())} of {done.size} steps saved in "
-                                    f"{str(plan['out'])!r}: rerun with --resume to complete it") from None
+                                    f"{str(plan.out)!r}: rerun with --resume to complete it") from None
         raise
     bar.close()
     writer.close()
     skipped = sum(len(u) for u in units) - sum(len(u) for u in todo)
-    return RecordResult(plan["out"], sum(len(u) for u in todo), skipped, writer.bytes_logical,
+    return RecordResult(plan.out, sum(len(u) for u in todo), skipped, writer.bytes_logical,
                         time.perf_counter() - t0, writer.wait_s)
 
 
 def _run_unit(model, sampler, probe, writer, plan, unit, vae, device) -> None:
-    layout, s = plan["layout"], plan["sampling"]
-    ids = [layout.samples[r] for r in unit]
-    gen = SampleRNG.create(int(plan["seeds"][ids[0]]), s["rng"], device)
+    s = plan.sampling
+    ids = [plan.layout.samples[r] for r in unit]
+    gen = SampleRNG.create(int(plan.seeds[ids[0]]), s.rng, device)
     probe.begin_batch(unit)
-    labels = torch.as_tensor(plan["labels"][ids], dtype=torch.long, device=device)
-    tokens, orders = sampler.run(labels, gen, num_iter=s["num_iter"], cfg=s["cfg"], cfg_schedule=s["cfg_schedule"],
-                                 temperature=s["temperature"])
-    for row, arrays in zip(unit, _sample_arrays(model, tokens, orders, vae, layout.dims)):
+    labels = torch.as_tensor(plan.labels[ids], dtype=torch.long, device=device)
+    tokens, orders = sampler.run(labels, gen, num_iter=s.num_iter, cfg=s.cfg, cfg_schedule=s.cfg_schedule,
+                                 temperature=s.temperature)
+    for row, arrays in zip(unit, _sample_arrays(model, tokens, orders, vae, plan.layout.dims)):
         writer.put_sample(row, arrays)

@@ -250,7 +250,7 @@ def _var(name, dim_names, sizes, tail, dtype, fill, per_step, attrs=None) -> Var
     return VarLayout(name, tuple(dim_names), shape, chunks, dtype, fill, per_step, dict(attrs or {}))
 
 
-def estimate_size(spec: SelectionSpec, model, num_samples: int, num_iter: int, *, cfg: float = 2.0,
+def estimate_size(spec: SelectionSpec, model, num_samples: int, num_iter: int, *, cfg: float,
                   images: tuple[int, int, int] | None = None) -> dict[str, int]:
     """Uncompressed bytes each variable of a recording would take (``--dry-run``).
 
