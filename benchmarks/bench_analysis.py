@@ -47,7 +47,7 @@ def base_dims():
 
 def plan(gb: float) -> tuple[int, int]:
     """(samples, steps): 64 steps per sample, samples enough for about ``gb`` GB of activations."""
-    from mar_probe.probe.spec import SelectionSpec
+    from mar_probe.store.spec import SelectionSpec
     from mar_probe.store.schema import estimate_size
     per = sum(v for k, v in estimate_size(SelectionSpec(variables=VARS), base_dims(), 1, 1, cfg=2.0).items()
               if k in VARS)
@@ -70,7 +70,7 @@ def _masks(rng, steps: int, dims):
 
 
 def _create(path: Path, samples: int, steps: int):
-    from mar_probe.probe.spec import SelectionSpec
+    from mar_probe.store.spec import SelectionSpec
     from mar_probe.store.schema import SCHEMA_VERSION, resolve
     from mar_probe.store.writer import create_store
     layout = resolve(SelectionSpec(variables=VARS), base_dims(), num_samples=samples, num_iter=steps, cfg=2.0)

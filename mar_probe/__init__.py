@@ -1,5 +1,5 @@
 """mar_probe: probe, measure and accelerate masked autoregressive (MAR) image generators."""
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .api import SampleResult, decode_images, sample
 from .models import MAR, MARConfig, PRESETS, preset_config

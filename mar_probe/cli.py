@@ -357,7 +357,7 @@ def _add_record(p):
 
 
 def _selection_from_args(args):
-    from .probe.spec import SelectionSpec
+    from .store.spec import SelectionSpec
     spec = SelectionSpec.from_file(args.spec) if args.spec else SelectionSpec()
     flags = {"variables": args.vars, "layers": args.layers, "steps": args.steps, "samples": args.samples,
              "branches": args.branches, "dtype": args.dtype}
@@ -497,7 +497,7 @@ def _cmd_study(args) -> int:
 def _study(args):
     import torch
     from .models.checkpoints import DEFAULT_CHECKPOINT
-    from .probe.spec import parse_index_list
+    from .store.spec import parse_index_list
     from .study import StudyConfig, run_study
     torch.manual_seed(0)  # random-weight presets: the same weights on every call, so complete stores are reused
     model = build_model(args)

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .engine.sampling import CFG_SCHEDULES, RNG_MODES
+from .vocab import branches_for
 from .strategies.base import FullStrategy, Strategy, Timer
 
 
@@ -111,7 +112,7 @@ def plan_step(model, step: int, num_iter: int, tokens, mask, orders, labels, *, 
     scale = cfg_scale(cfg, cfg_schedule, seq_len, mask_len)
     if isinstance(scale, torch.Tensor):
         scale = scale.to(mask.device)
-    branches = ("cond",) if cfg == 1.0 else ("cond", "uncond")
+    branches = branches_for(cfg)
     state = StepState(step=step, num_iter=num_iter, tokens=tokens, mask=mask, mask_next=mask_next, to_pred=to_pred,
                       orders=orders, labels=labels, branches=branches, cfg_iter=scale, temperature=temperature,
                       mask_len=mask_len)

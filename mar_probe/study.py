@@ -114,7 +114,7 @@ class StudyResult:
 def _record_all(model, config: StudyConfig, out: Path, checkpoint, progress: bool) -> list[Path]:
     """One store per seed; a complete store of the same settings is reused (``record``'s resume)."""
     from .probe.record import record
-    from .probe.spec import SelectionSpec
+    from .store.spec import SelectionSpec
     spec = SelectionSpec(variables=config.variables, branches=config.branches)
     stores = []
     for j, seed in enumerate(config.seeds):

@@ -356,7 +356,7 @@ def tiny_store(tmp_path_factory):
     """A real recorded store: mar_tiny (3+3 blocks), 2 samples x 6 steps, without dec_v (so marche_fig11 is skipped)."""
     from conftest import perturbed_tiny
     from mar_probe.probe.record import record
-    from mar_probe.probe.spec import SelectionSpec
+    from mar_probe.store.spec import SelectionSpec
     path = tmp_path_factory.mktemp("tiny") / "run.zarr"
     spec = SelectionSpec(variables=("dec_k", "dec_resid_post", "z", "z_cfg_resid", "attn_gen"))
     record(perturbed_tiny(encoder_depth=3, decoder_depth=3), np.arange(2), path, spec, seed=0, num_iter=6, cfg=2.0)

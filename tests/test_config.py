@@ -4,7 +4,7 @@ import pytest
 from mar_probe._config import checked_fields
 from mar_probe.compare import CompareConfig, StrategyRun
 from mar_probe.models.config import MARConfig
-from mar_probe.probe.spec import SelectionSpec
+from mar_probe.store.spec import SelectionSpec
 from mar_probe.quality.classifier import ClassifierConfig
 from mar_probe.study import StudyConfig
 from mar_probe.train import TrainConfig

@@ -9,7 +9,7 @@ import mar_probe
 from mar_probe.hooks import list_hooks, resolve_hook, trace
 from mar_probe import strategies
 from mar_probe.probe import Probe, SelectionSpec
-from mar_probe.probe.spec import ACTIVATIONS
+from mar_probe.store.spec import ACTIVATIONS
 from mar_probe.store import estimate_size
 from official_like import official_like
 

@@ -312,7 +312,7 @@ def test_steps_per_chunk_sets_chunks_and_keeps_values(tmp_path, ref_store):
 
 
 def test_auto_steps_per_chunk_keeps_chunks_within_the_target():
-    from mar_probe.probe.spec import ACTIVATIONS
+    from mar_probe.store.spec import ACTIVATIONS
     from mar_probe.store.schema import CHUNK_TARGET_BYTES, ModelDims, auto_steps_per_chunk, resolve
     m = _model()
     small = resolve(SelectionSpec(variables="dec_k", layers=(1,)), m, num_samples=2, num_iter=64, cfg=2.0)

@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .._config import checked_fields
+from ..vocab import STACKS
 
 TOKENIZERS = ("kl16", "pixel")
 
@@ -54,7 +55,7 @@ class MARConfig:
         if self.img_size % (self.vae_stride * self.patch_size):
             raise ValueError(f"img_size {self.img_size!r} is not divisible by vae_stride*patch_size "
                              f"{self.vae_stride * self.patch_size!r}")
-        for stack in ("encoder", "decoder"):
+        for stack in STACKS:
             dim, heads = getattr(self, f"{stack}_embed_dim"), getattr(self, f"{stack}_num_heads")
             if dim % heads:
                 raise ValueError(f"{stack}_embed_dim {dim!r} is not divisible by {stack}_num_heads {heads!r}")

@@ -1,7 +1,7 @@
 """Recording MAR's internals: the selection spec, the sampler observer and the ``record`` driver."""
 from .probe import Probe, StepRecord
 from .record import RecordResult, record, sample_seeds
-from .spec import ACTIVATIONS, BOOKKEEPING, DEFAULT_VARIABLES, SelectionSpec
+from ..store.spec import ACTIVATIONS, BOOKKEEPING, DEFAULT_VARIABLES, SelectionSpec
 
 __all__ = ["ACTIVATIONS", "BOOKKEEPING", "DEFAULT_VARIABLES", "Probe", "RecordResult", "SelectionSpec",
            "StepRecord", "record", "sample_seeds"]

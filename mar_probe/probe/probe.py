@@ -34,8 +34,9 @@ import torch
 
 from ..hooks import trace
 from ..store.schema import RunLayout, resolve
+from ..store.spec import SelectionSpec
+from ..vocab import PREFIXES
 from .rows import StepRows
-from .spec import SelectionSpec
 
 _HOOK_OF = {"q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v", "resid_post": "hook_resid_post",
             "resid_mid": "hook_resid_mid", "attn_out": "attn.hook_attn_out", "mlp_out": "hook_mlp_out"}
@@ -227,7 +228,7 @@ class Probe:
         """``derived`` [B, branches] and ``enc_computed``/``dec_computed`` [B, branches, layers, S+L]."""
         b, branches = self._state.batch_size, self.layout.branches
         out = {"derived": torch.tensor([[br in rows.derived for br in branches]] * b, dtype=torch.bool)}
-        for stack in ("enc", "dec"):
+        for stack in PREFIXES:
             if f"{stack}_computed" not in self.layout.variables:
                 continue
             layers = self.layout.layers[stack]

@@ -31,7 +31,7 @@ from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
 from ..store.writer import (StoreExistsError, StoreWriter, WriteError, check_writer_settings, compressors,
                             create_store, describe_os_error, read_flags)
 from .probe import Probe
-from .spec import SelectionSpec
+from ..store.spec import SelectionSpec
 
 IDENTITY_KEYS = ("schema_version", "model_config", "weights_sha256", "sampling", "selection", "strategy",
                  "num_samples", "labels_sha256", "seed")
@@ -92,7 +92,7 @@ def weights_sha256(model) -> str:
 def _versions() -> dict:
     import xarray
     import zarr
-    from .. import __version__
+    from .._version import __version__
     return {"mar_probe": __version__, "torch": torch.__version__, "zarr": zarr.__version__,
             "xarray": xarray.__version__, "numpy": np.__version__, "python": platform.python_version()}
 
@@ -263,7 +263,7 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, sampling: S
     out : str or Path
         The store folder (``run.zarr``).
     spec : SelectionSpec, optional
-        What to record (default: :data:`~mar_probe.probe.spec.DEFAULT_VARIABLES` of every layer and step).
+        What to record (default: :data:`~mar_probe.store.spec.DEFAULT_VARIABLES` of every layer and step).
     seed : int
         Run seed; sample ``i`` uses ``SeedSequence([seed, i])`` (see :func:`sample_seeds`).
     sampling : SamplingConfig, optional

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from ..hooks import trace
+from ..vocab import BRANCHES, STACK_PREFIX, STACKS
 from ..strategies.layers import gather_heads, rows_of, scatter_heads
 from ..strategies.reference import kv_error, reference_trace, relative_error
 
-STACK_PREFIX = {"encoder": "enc", "decoder": "dec"}
 
 
 class Shadow:
@@ -81,7 +81,7 @@ class Shadow:
         nb_c = len(plan.computed)
         rec = {"refresh": bool(plan.refresh), "mask": _np(_pad(state.mask, self.model.buffer_size, False)),
                "pred": _np(_pad(state.to_pred, self.model.buffer_size, False))}
-        for stack in ("encoder", "decoder"):
+        for stack in STACKS:
             rec.update(self._stack_errors(state, plan, stack, nb_c))
         rec["z_err"] = self._z_error(state)
         self.records[-1].append(rec)
@@ -165,7 +165,7 @@ class Shadow:
         refresh = np.concatenate([np.array([[r["refresh"] for r in batch]] * len(batch[0]["mask"]))
                                   for batch in self.records])
         data["refresh"] = (("sample", "step"), refresh)
-        branches = ("cond", "uncond")[:arrays["z_err"].shape[2]]
+        branches = BRANCHES[:arrays["z_err"].shape[2]]
         ds = xr.Dataset(data, coords={"branch": list(branches), "step": np.arange(refresh.shape[1])})
         return ds.assign_attrs(metric="relative L2 error |used - fresh| / |fresh|",
                                strategy=str(strategy) if strategy is not None else "")

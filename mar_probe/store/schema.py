@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..vocab import BRANCHES, PREFIXES as STACK_PREFIX  # ("enc", "dec")
+
 if TYPE_CHECKING:
-    from ..probe.spec import SelectionSpec
+    from .spec import SelectionSpec
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 had no enc_computed/dec_computed/derived: every row was computed
 DIM_ORDER = ("sample", "step", "branch", "layer", "token", "head", "d_head", "d_model", "channel", "y", "x", "color")
 BF16_NAN = 0x7FC0
-STACK_PREFIX = ("enc", "dec")
 COMPUTED_DOC = ("True where the layer computed the row's q/k/v at this step for this branch; False where the row was "
                 "not processed (encoder: unknown tokens), served from a strategy's cache, or the branch was derived")
 CHUNK_TARGET_BYTES = 4 << 20  # automatic steps_per_chunk: the largest chunk of any variable stays within this
@@ -146,7 +147,6 @@ def resolve(spec: SelectionSpec, model_or_dims, *, num_samples: int, num_iter: i
 
     ``steps_per_chunk`` sets how many steps one chunk of a per-step variable holds (None: :func:`auto_steps_per_chunk`).
     """
-    from ..probe.spec import BRANCHES
     dims = model_or_dims if isinstance(model_or_dims, ModelDims) else ModelDims.from_model(model_or_dims)
     samples = _check_subset("sample(s)", spec.samples or range(num_samples), num_samples,
                             f"the run has {num_samples} samples")

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..vocab import STACKS  # noqa: F401  (re-exported: strategies.base.STACKS)
 from .cost import attention_flops, block_linear_flops, head_eval_flops, linear_flops, stack_dims
 
-STACKS = ("encoder", "decoder")
 
 
 @dataclass

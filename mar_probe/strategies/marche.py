@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .._config import check_ints
+from ..vocab import STACKS
 from . import register
 from .base import StepPlan, Strategy, count_blocks, count_embeddings, stack_blocks
 from .layers import (KVCache, active_attention, block_mlp, full_block, gather_heads, gather_rows, rows_of,
@@ -67,7 +68,7 @@ class MARcheConfig:
     selection_layer: int = 2
     refresh_period: int = 3
     selection: str = "attention"
-    stacks: tuple[str, ...] = ("encoder", "decoder")
+    stacks: tuple[str, ...] = STACKS
     seed: int = 0
     refresh_threshold: float = 0.0
     refresh_mass: float = 0.0
@@ -76,7 +77,7 @@ class MARcheConfig:
         check_ints("marche", self, (("budget", 1), ("selection_layer", 1), ("refresh_period", 1)))
         if self.selection not in SELECTIONS:
             raise ValueError(f"marche selection must be one of {SELECTIONS!r}, got {self.selection!r}")
-        bad = [s for s in self.stacks if s not in ("encoder", "decoder")]
+        bad = [s for s in self.stacks if s not in STACKS]
         if bad or not isinstance(self.stacks, tuple):
             raise ValueError(f"marche stacks must be a tuple of 'encoder'/'decoder', got {self.stacks!r}")
         if not self.refresh_threshold >= 0:
@@ -114,7 +115,7 @@ class MARcheStrategy(Strategy):
         if self.config.budget > n:
             raise ValueError(f"marche budget {self.config.budget!r} exceeds the sequence: expected at most "
                              f"{n} rows (buffer {model.buffer_size} + {model.seq_len} tokens)")
-        self.caches = {s: KVCache() for s in ("encoder", "decoder")}
+        self.caches = {s: KVCache() for s in STACKS}
         self.outputs, self.prev_to_pred, self.snapshot = {}, None, {}
         self.drift_estimate, self.last_refresh = 0.0, 0
         self.generator = torch.Generator(next(model.parameters()).device).manual_seed(self.config.seed)
