@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from .engine.sampling import CFG_SCHEDULES, RNG_MODES
 from .vocab import branches_for
-from .strategies.base import FullStrategy, Strategy, Timer
+from .strategies.base import FullStrategy, StepPlan, Strategy, Timer
 
 
 @dataclass
@@ -50,6 +50,24 @@ class SampleRNG:
 
 
 @dataclass
+class StepOutputs:
+    """What the computation of one step reports, as typed fields (issue 18: was the ``extras`` dict).
+
+    One object per step, shared by reference with the restricted views a composed strategy makes of the step
+    (:func:`~mar_probe.strategies.compose.cond_only`), so the plan a token policy writes lands in the step's.
+    """
+    plan: StepPlan | None = None   # which rows, branches and head evaluations the strategy computed
+    timer: Timer | None = None     # the sampler's: strategies count their FLOPs into it
+    cost: dict | None = None       # after the step: its seconds and FLOPs per component (Timer.steps[-1])
+
+    def ensure_plan(self) -> StepPlan:
+        """The step's plan, a full-refresh one if the transformer part set none (a head-only strategy)."""
+        if self.plan is None:
+            self.plan = StepPlan(refresh=True)
+        return self.plan
+
+
+@dataclass
 class StepState:
     """Everything about one sampling step. Masks are bool with True = token unknown.
 
@@ -73,7 +91,7 @@ class StepState:
     mask_in: torch.Tensor = None
     class_embedding: torch.Tensor = None
     enc_positions: torch.Tensor = None
-    extras: dict = field(default_factory=dict)
+    outputs: StepOutputs = field(default_factory=StepOutputs)
 
     @property
     def batch_size(self) -> int:
@@ -171,7 +189,7 @@ class Sampler:
     def run_step(self, state: StepState, rng: SampleRNG) -> torch.Tensor:
         """Compute one step and return the tokens after it [B, L, C]."""
         self._notify("step_begin", state)
-        state.extras["timer"] = self.timer                             # strategies count FLOPs into it
+        state.outputs.timer = self.timer                               # strategies count FLOPs into it
         z = self.strategy.transformer(self.model, state, self.timer)   # [B', L, D]
         z = z[state.to_pred_branches.nonzero(as_tuple=True)]           # [M', D], row-major as the reference
         with self.timer("head"):
@@ -181,7 +199,7 @@ class Sampler:
         tokens = state.tokens.clone()
         tokens[state.to_pred.nonzero(as_tuple=True)] = sampled
         if self.timer.steps:
-            state.extras["cost"] = self.timer.steps[-1]                # this step's seconds and FLOPs
+            state.outputs.cost = self.timer.steps[-1]                  # this step's seconds and FLOPs
         self._notify("step_end", state, sampled)
         return tokens
 

@@ -163,7 +163,7 @@ class _Used:
         s = self.strategy
         caches = {"enc": s.caches["encoder"], "dec": s.caches["decoder"]} if hasattr(s, "caches") else \
             {"enc": s.enc_cache, "dec": s.dec_cache}
-        self.steps.append({"plan": state.extras["plan"], "to_pred": state.to_pred.clone(),
+        self.steps.append({"plan": state.outputs.plan, "to_pred": state.to_pred.clone(),
                            "n_enc": state.enc_positions.shape[1],
                            "k": {st: {i: k.clone() for i, k in c.k.items()} for st, c in caches.items()}})
 

@@ -85,7 +85,7 @@ class _Plans:
         self.plans = []
 
     def step_end(self, state, sampled):
-        self.plans.append(state.extras["plan"])
+        self.plans.append(state.outputs.plan)
 
 
 def test_oracle_selects_the_rows_of_largest_true_drift(deep_tiny):

@@ -147,7 +147,7 @@ class _Plans:
         self.plans = []
 
     def step_end(self, state, sampled):
-        self.plans.append((state.step, state.to_pred.clone(), state.extras["plan"]))
+        self.plans.append((state.step, state.to_pred.clone(), state.outputs.plan))
 
 
 def test_fewer_steps_runs_fewer_steps(deep_tiny):

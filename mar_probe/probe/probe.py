@@ -132,7 +132,7 @@ class Probe:
     def step_end(self, state, sampled) -> None:
         if self._state is None:
             return
-        rows = StepRows(state, self.layout.dims.tokens, state.extras.get("plan"))
+        rows = StepRows(state, self.layout.dims.tokens, state.outputs.plan)
         arrays = {var: self._encode(self._finish(var, rows)) for var in self.layout.spec.variables}
         arrays.update(self._masks(rows))
         arrays.update(self._bookkeeping(state))

@@ -31,7 +31,7 @@ class StepRows:
     tokens : int
         Length of the store's token axis (buffer + image tokens).
     plan : StepPlan, optional
-        ``state.extras["plan"]``; None means every branch, row and layer was computed.
+        ``state.outputs.plan``; None means every branch, row and layer was computed.
     """
 
     def __init__(self, state, tokens: int, plan=None):

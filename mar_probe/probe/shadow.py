@@ -77,7 +77,7 @@ class Shadow:
             self._cap[name] = tensor
 
     def step_end(self, state, sampled) -> None:
-        plan = state.extras["plan"]
+        plan = state.outputs.plan
         nb_c = len(plan.computed)
         rec = {"refresh": bool(plan.refresh), "mask": _np(_pad(state.mask, self.model.buffer_size, False)),
                "pred": _np(_pad(state.to_pred, self.model.buffer_size, False))}

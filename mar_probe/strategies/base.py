@@ -3,7 +3,7 @@
 A strategy sees the sampler's :class:`~mar_probe.sampler.StepState` and decides what to compute and what to
 serve from its own cache: per stack (encoder, decoder) and layer which token rows are computed, whether the
 unconditional CFG branch is computed or derived, and what the diffusion head recomputes. It records that decision
-as a :class:`StepPlan` in ``state.extras["plan"]`` and the FLOPs it computed in the sampler's :class:`Timer`, so
+as a :class:`StepPlan` in ``state.outputs.plan`` and the FLOPs it computed in the sampler's :class:`Timer`, so
 observers (the probe) and the cost report see what was really computed. The baseline, :class:`FullStrategy`,
 computes everything as the official code does.
 """
@@ -23,7 +23,7 @@ from .cost import attention_flops, block_linear_flops, head_eval_flops, linear_f
 
 @dataclass
 class StepPlan:
-    """What a strategy computed at one step; stored in ``state.extras["plan"]``.
+    """What a strategy computed at one step; stored in ``state.outputs.plan``.
 
     ``rows[stack]`` lists, per layer, the query rows computed per batch row; ``active[stack]`` is the bool mask
     [B'', N] (True = computed) of the rows computed at the stack's cached layers, over the stack's positions
@@ -88,10 +88,10 @@ class Strategy:
         """Sample the step's token latents [M', C] from the selected rows ``z`` [M', D] (all branches)."""
         diff = model.diffloss
         evals = diff.gen_diffusion.num_timesteps
-        timer = state.extras.get("timer")
+        timer = state.outputs.timer
         if timer is not None:
             timer.add_flops("head.linear", evals * head_eval_flops(diff.net, z.shape[0]))
-        state.extras.setdefault("plan", StepPlan(refresh=True)).head = {"full": evals, "cached": 0}
+        state.outputs.ensure_plan().head = {"full": evals, "cached": 0}
         return diff.sample(z, state.temperature, state.cfg_iter, generator=rng.noise, init_generator=rng.init_noise)
 
 
@@ -111,7 +111,7 @@ class FullStrategy(Strategy):
         count_embeddings(timer, model, b, n_enc)
         for stack, n in (("encoder", n_enc), ("decoder", n_dec)):
             count_blocks(timer, model, stack, b, n, n, layers=len(stack_blocks(model, stack)))
-        state.extras["plan"] = StepPlan(refresh=True, computed=state.branches, rows={
+        state.outputs.plan = StepPlan(refresh=True, computed=state.branches, rows={
             "encoder": [n_enc] * len(model.encoder_blocks), "decoder": [n_dec] * len(model.decoder_blocks)})
         return z
 

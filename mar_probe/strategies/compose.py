@@ -98,7 +98,7 @@ class ComposeStrategy(Strategy):
                 self.diff = x[state.batch_size:] - x[:state.batch_size]     # [B, S+L, D] uncond - cond
             return x
         x = self.tokens.hidden(model, cond_only(state), timer)              # [B, S+L, D]
-        plan = state.extras["plan"]
+        plan = state.outputs.plan
         plan.computed, plan.derived = ("cond",), ("uncond",)
         return torch.cat([x, x + self.diff], dim=0)                         # [B', S+L, D]
 
@@ -109,8 +109,8 @@ class ComposeStrategy(Strategy):
 
 
 def cond_only(state):
-    """The step state restricted to its conditional branch (same extras dict, so plans land in the step's)."""
+    """The step state restricted to its conditional branch (the same outputs object, so plans land in the step's)."""
     b = state.batch_size
     return dataclasses.replace(state, branches=("cond",), tokens_in=state.tokens_in[:b], mask_in=state.mask_in[:b],
                                class_embedding=state.class_embedding[:b], enc_positions=state.enc_positions[:b],
-                               extras=state.extras)
+                               outputs=state.outputs)

@@ -144,7 +144,7 @@ class LazyMARStrategy(Strategy):
         count_embeddings(timer, model, b, n_enc)
         count_blocks(timer, model, "encoder", b, n_enc, n_enc, layers=len(model.encoder_blocks))
         count_blocks(timer, model, "decoder", b, length, length, layers=len(model.decoder_blocks))
-        state.extras["plan"] = StepPlan(refresh=True, computed=state.branches, rows={
+        state.outputs.plan = StepPlan(refresh=True, computed=state.branches, rows={
             "encoder": [n_enc] * len(model.encoder_blocks), "decoder": [length] * len(model.decoder_blocks)})
         return z
 
@@ -160,7 +160,7 @@ class LazyMARStrategy(Strategy):
             if derive:
                 x = torch.cat([x, x + self.diff], dim=0)                    # [B', S+L, D]
             z = model.decoder_output(x)
-        state.extras["plan"] = plan
+        state.outputs.plan = plan
         return z
 
     def _positions_mask(self, model, token_mask, state, rows):
@@ -254,14 +254,14 @@ class LazyMARStrategy(Strategy):
         if not self.config.head_cache:
             return super().head_sample(model, z, state, rng)
         diff = model.diffloss
-        timer = state.extras.get("timer")
+        timer = state.outputs.timer
         head = _HeadCache(self.config, diff.net, diff.gen_diffusion.num_timesteps,
                           lambda: self._time_table(diff, z.device, timer))
         out = diff.sample(z, state.temperature, state.cfg_iter, generator=rng.noise, init_generator=rng.init_noise,
                           denoise_fn=head.denoise)
         if timer is not None:
             timer.add_flops("head.linear", head.flops)
-        state.extras.setdefault("plan", StepPlan(refresh=True)).head = {"full": head.full, "cached": head.cached}
+        state.outputs.ensure_plan().head = {"full": head.full, "cached": head.cached}
         return out
 
     def _time_table(self, diff, device, timer) -> torch.Tensor:

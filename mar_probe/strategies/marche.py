@@ -152,7 +152,7 @@ class MARcheStrategy(Strategy):
             x = self._stack(model, "decoder", x, pos, gen, must, refresh, plan, timer)
         count_embeddings(timer, model, b, state.enc_positions.shape[1])
         self.prev_to_pred = state.to_pred
-        state.extras["plan"] = plan
+        state.outputs.plan = plan
         return x
 
     def _prev_full(self, model, state, b):
