@@ -156,6 +156,55 @@ def trace(model, names, callback: Callable[[str, torch.Tensor], None]):
             h.remove()
 
 
+EditFn = Callable[[str, torch.Tensor], "torch.Tensor | None"]
+
+
+@contextmanager
+def edit(model, edits: dict[str, EditFn]):
+    """Attach write hooks: ``edits[name](name, tensor)`` may return a tensor that replaces the hook point's output.
+
+    baukit's ``edit_output`` on mar_probe's hook points (issue 18): activation patching, freezing a token's K/V,
+    ablating a head. The function sees the tensor in its canonical shape (as :func:`trace` does) and returns a
+    replacement of the same shape and dtype, or None to leave it as it is. Hooks are scoped to ``model`` and
+    removed on exit, also on error. Edits apply to every forward inside the block, reference forwards too (a
+    strategy's oracle or the shadow then measure the edited model). A :func:`trace` entered inside the block
+    sees the edited tensors; one entered outside it, the tensors before the edit.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        mar_probe's MAR: edits need its identity hook points (an official MAR's ``attn.qkv`` fallback is refused).
+    edits : dict
+        Hook name (see :func:`list_hooks`) -> function of (name, tensor).
+    """
+    handles = []
+    try:
+        for name, fn in edits.items():
+            site = resolve_hook(model, name)
+            if site.transform is not None or not site.module_path.rsplit(".", 1)[-1].startswith("hook_"):
+                raise ValueError(f"hook {name!r} cannot be edited on this model: it is read from "
+                                 f"{site.module_path!r} through a transform, not from a hook point; expected "
+                                 "mar_probe's MAR (load the checkpoint with mar_probe.load_model)")
+            handles.append(model.get_submodule(site.module_path).register_forward_hook(_make_edit(name, fn)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _make_edit(name: str, fn: EditFn):
+    def hook(module, inputs, output):
+        new = fn(name, output)
+        if new is None:
+            return None
+        if not isinstance(new, torch.Tensor) or new.shape != output.shape or new.dtype != output.dtype:
+            got = f"{tuple(new.shape)} {new.dtype}" if isinstance(new, torch.Tensor) else type(new).__name__
+            raise ValueError(f"edit of {name!r} must return None or a tensor of shape {tuple(output.shape)} and "
+                             f"dtype {output.dtype}, got {got}")
+        return new
+    return hook
+
+
 _SUSPENDED = [0]
 
 
