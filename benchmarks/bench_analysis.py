@@ -57,7 +57,7 @@ def plan(gb: float) -> tuple[int, int]:
 
 
 def _masks(rng, steps: int, dims):
-    from mar_probe.sampler import mask_length
+    from mar_probe.engine.loop import mask_length
     L, S = dims.seq_len, dims.buffer
     rank = rng.permutation(L)
     mask, pred = np.zeros((steps, S + L), bool), np.zeros((steps, S + L), bool)

@@ -7,9 +7,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .engine.loop import SampleRNG, Sampler
 from .engine.sampling import SamplingConfig, check_guidance, head_steps_applied, sampling_config
 from .models.tokenizer import PixelTokenizer
-from .sampler import SampleRNG, Sampler
 
 __all__ = ["SampleResult", "check_guidance", "decode_images", "sample"]  # check_guidance: its old home
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mar_probe import sample
-from mar_probe.sampler import mask_length, plan_step
+from mar_probe.engine.loop import mask_length, plan_step
 
 
 def test_mask_schedule_is_cosine_with_one_token_per_step():

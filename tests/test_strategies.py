@@ -277,7 +277,7 @@ def test_lazymar_batched_head_modulation_changes_rounding_only(deep_tiny):
     finally:
         diff.set_sampling_steps(deep_tiny.config.num_sampling_steps)
     assert (heads[True].out - heads[False].out).abs().max() < 1e-5
-    from mar_probe.strategies.cost import head_embed_flops
+    from mar_probe.engine.cost import head_embed_flops
     saved = 7 * head_embed_flops(diff.net, 6, cond=False) + 6 * head_embed_flops(diff.net, 6, time=False)
     assert heads[False].flops - heads[True].flops == saved > 0
     assert heads[True].full == heads[False].full == 7 and heads[True].cached == heads[False].cached == 23

@@ -1,7 +1,7 @@
 """The MAR model (Li et al. 2024): MAE-style encoder/decoder over continuous tokens plus a diffusion head.
 
 Architecture, module registration order and parameter names equal the official ``models/mar.py`` so that
-official state dicts load with ``strict=True``. The sampling loop lives in :mod:`mar_probe.sampler`.
+official state dicts load with ``strict=True``. The sampling loop lives in :mod:`mar_probe.engine.loop`.
 """
 from __future__ import annotations
 

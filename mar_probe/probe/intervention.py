@@ -3,7 +3,7 @@
 :func:`mar_probe.hooks.edit` replaces a hook point's tensor in any forward. During sampling an edit usually
 depends on where the loop is: freeze token 17's K at the value it had at step 3, ablate a head only while the
 last tokens are generated, patch in the activations of another run at the same step. :class:`Intervention` is a
-sampler observer (it sees each :class:`~mar_probe.sampler.StepState` before the step is computed) whose edit
+sampler observer (it sees each :class:`~mar_probe.engine.loop.StepState` before the step is computed) whose edit
 functions receive that state::
 
     def freeze(name, k, state):                  # k [B', H, N, Dh]

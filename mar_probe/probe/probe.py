@@ -1,6 +1,6 @@
 """The :class:`Probe`: a sampler observer that records the selected variables of every selected step.
 
-The sampler tells the probe what each step is (:class:`~mar_probe.sampler.StepState`): the step index, CFG
+The sampler tells the probe what each step is (:class:`~mar_probe.engine.loop.StepState`): the step index, CFG
 branches, where every encoder row sits, the masks and the CFG scale — nothing is inferred by counting forwards.
 Hooks keep each captured tensor in the storage dtype, split by CFG branch; derived quantities (``z_cfg_resid``,
 ``attn_gen``) are computed from the captured tensors while they are in memory, in float32. At ``step_end`` the
@@ -9,7 +9,7 @@ sink as one :class:`StepRecord`.
 
 **Strategies that compute only some rows** (``lazymar``, ``marche``): the probe records what the strategy really
 computed. The rows a hook saw are mapped to token positions with the step's
-:class:`~mar_probe.strategies.base.StepPlan` (see :mod:`mar_probe.probe.rows`); rows and branches that were not
+:class:`~mar_probe.engine.strategy.StepPlan` (see :mod:`mar_probe.probe.rows`); rows and branches that were not
 computed at a layer are NaN, and beside them
 
 * ``enc_computed`` / ``dec_computed`` [sample, step, branch, layer, token] (bool) say which rows each layer

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..api import check_labels, decode_images
 from ..engine.sampling import SamplingConfig, head_steps_applied, sampling_config
-from ..sampler import SampleRNG, Sampler
+from ..engine.loop import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
 from ..store.writer import (StoreExistsError, StoreWriter, WriteError, check_writer_settings, compressors,

@@ -5,7 +5,7 @@ A hook sees a tensor [B'', n, ...]. Its batch rows are the CFG branches the stra
 steps (its condition cache derives ``uncond``). Its n token rows are either every row of the stack at this step
 (the encoder's buffer + known tokens, the decoder's buffer + all tokens) or, at a caching strategy's cached layers,
 the rows the strategy computed there, which it records as ``plan.active[stack]`` (a bool mask over
-``[buffer; tokens]``, True = computed) in the step's :class:`~mar_probe.strategies.base.StepPlan`. Both built-in
+``[buffer; tokens]``, True = computed) in the step's :class:`~mar_probe.engine.strategy.StepPlan`. Both built-in
 caching strategies pass active rows to the blocks in position order, so the j-th row a hook sees is the j-th True
 entry of the mask.
 """
@@ -22,7 +22,7 @@ def _rows_of(mask: torch.Tensor) -> torch.Tensor:
 
 
 class StepRows:
-    """The row map of one step, from the sampler's :class:`~mar_probe.sampler.StepState` and the strategy's plan.
+    """The row map of one step, from the sampler's :class:`~mar_probe.engine.loop.StepState` and the strategy's plan.
 
     Parameters
     ----------

@@ -11,7 +11,7 @@ import dataclasses
 import inspect
 import typing
 
-from .base import FullStrategy, StepPlan, Strategy, Timer
+from ..engine.strategy import FullStrategy, StepPlan, Strategy, Timer
 
 _REGISTRY: dict[str, type] = {}
 

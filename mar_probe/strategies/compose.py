@@ -2,7 +2,7 @@
 LazyMAR's diffusion-head cache.
 
 * **Token policy**: any registered strategy that exposes its decoder hidden state
-  (:meth:`~mar_probe.strategies.base.Strategy.hidden`), built from ``tokens`` and ``token_opts`` (default: MARché).
+  (:meth:`~mar_probe.engine.strategy.Strategy.hidden`), built from ``tokens`` and ``token_opts`` (default: MARché).
 * **Condition cache** (LazyMAR's): on the token policy's refresh steps both CFG branches are computed and the
   difference ``uncond - cond`` of the decoder's last hidden state is stored; on its other steps the token policy
   runs on the conditional branch only and the unconditional hidden state is ``cond + difference``.
@@ -20,7 +20,7 @@ import torch
 
 from .._config import check_ints
 from . import create, parse_options, register
-from .base import Strategy
+from ..engine.strategy import Strategy
 from .lazymar import LazyMARStrategy
 
 

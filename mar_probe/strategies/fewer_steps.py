@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .._config import check_ints
 from . import register
-from .base import FullStrategy
+from ..engine.strategy import FullStrategy
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from ..models.diffloss import modulate
 from .._config import check_ints
 from . import register
-from .base import StepPlan, Strategy, count_blocks, count_embeddings
-from .cost import head_embed_flops, head_eval_flops, linear_flops
+from ..engine.cost import head_embed_flops, head_eval_flops, linear_flops
+from ..engine.strategy import StepPlan, Strategy, count_blocks, count_embeddings
 from .layers import KVCache, active_attention, block_mlp, full_block, gather_rows, rows_of, scatter_rows
 
 RETAIN_SCHEDULE = (1.0,) * 20 + (0.6,) + (0.5,) * 4 + (0.4,) * 5 + (0.15,) * 5 + (0.12,) * 5 + (0.05,) * 24

@@ -42,7 +42,7 @@ import torch
 from .._config import check_ints
 from ..vocab import STACKS
 from . import register
-from .base import StepPlan, Strategy, count_blocks, count_embeddings, stack_blocks
+from ..engine.strategy import StepPlan, Strategy, count_blocks, count_embeddings, stack_blocks
 from .layers import (KVCache, active_attention, block_mlp, full_block, gather_heads, gather_rows, rows_of,
                      scatter_rows)
 from .reference import kv_error, reference_trace, relative_error

@@ -3,7 +3,7 @@
 Shadow mode (:mod:`mar_probe.probe.shadow`) compares what a strategy used against it, and the oracle selection of
 ``marche`` ranks tokens by their true drift from it. It runs with observers' hooks suspended, block by block as
 ``Block.forward`` (:func:`~mar_probe.strategies.layers.full_block`), so its values are bit-identical to
-:class:`~mar_probe.strategies.base.FullStrategy`'s on the same inputs.
+:class:`~mar_probe.engine.strategy.FullStrategy`'s on the same inputs.
 """
 from __future__ import annotations
 
