@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -58,6 +59,12 @@ def build_model(args):
         raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
     torch.set_num_threads(args.threads)
     steps = getattr(args, "num_sampling_steps", None)
+    if steps is not None:
+        from .models.diffusion import parse_spacing
+        try:
+            parse_spacing(steps)
+        except ValueError as exc:
+            raise ValueError(f"--num-sampling-steps: {exc}") from None
     if args.model and not args.checkpoint:
         over = {"num_sampling_steps": str(steps)} if steps else {}
         model = create_model(args.model, **over).to(resolve_device(args.device)).eval()
@@ -549,6 +556,23 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
+def _expected_errors() -> tuple:
+    from .store.writer import WriteError
+    return ValueError, FileNotFoundError, WriteError  # DeviceError, MissingVariableError are ValueErrors
+
+
+EXPECTED_ERRORS = _expected_errors()
+
+
+def _name_flags(message: str, args) -> str:
+    """An error whose subject is a Python keyword (``num_iter must be ...``, ``TrainConfig.max_minutes must ...``)
+    names the command's flag instead (``--num-iter must be ...``), so the user reads what to change (issue 18)."""
+    m = re.match(r"(?:[A-Z]\w*Config\.)?([a-z][a-z0-9_]*)(?= )", message)
+    if m and m.group(1) in vars(args) and m.group(1) not in ("func", "command"):
+        return "--" + m.group(1).replace("_", "-") + message[m.end():]
+    return message
+
+
 def main(argv=None) -> int:
     import warnings
     warnings.formatwarning = _one_line_warning  # a warning is one line of the CLI's output, not two
@@ -558,8 +582,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:  # one line; commands that keep partial work say what and how to resume
         print(f"\nmar-probe {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, RuntimeError, KeyError) as exc:
-        print(f"mar-probe {args.command}: error: {exc}", file=sys.stderr)
+    except EXPECTED_ERRORS as exc:  # bad input or a failed write: one line. Anything else is a bug: its traceback
+        print(f"mar-probe {args.command}: error: {_name_flags(str(exc), args)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a permission: say which file and what to do
         from .store.writer import describe_os_error

@@ -26,17 +26,22 @@ def test_generate_writes_samples_and_grid(tmp_path, capsys):
     (["generate", "--model", "mar_nope"], "unknown preset 'mar_nope'"),
     (["generate", "--checkpoint", "/no/such/file.pth"], "/no/such/file.pth"),
     (["generate", "--model", "mar_tiny", "--labels", "3,10"], "label 10 is outside"),
-    (["generate", "--model", "mar_tiny", "--num-iter", "0"], "num_iter must be a positive integer, got 0"),
+    (["generate", "--model", "mar_tiny", "--num-iter", "0"], "error: --num-iter must be a positive integer, got 0"),
     (["generate", "--model", "mar_tiny", "--labels", "a,b"], "--labels must be comma-separated integers"),
     (["generate", "--model", "mar_tiny", "--num-samples", "0"], "--num-samples must be >= 1"),
     # issue 19: nonsense was accepted, or refused only after something was written
-    (["generate", "--model", "mar_tiny", "--cfg", "nan"], "cfg must be a finite number >= 1, got nan"),
-    (["generate", "--model", "mar_tiny", "--temperature", "inf"], "temperature must be a finite number > 0, got inf"),
-    (["generate", "--model", "mar_tiny", "--temperature", "-1"], "temperature must be a finite number > 0, got -1.0"),
-    (["record", "--model", "mar_tiny", "--num-iter", "2", "--queue-size", "0"], "queue_size must be an integer >= 1"),
+    (["generate", "--model", "mar_tiny", "--cfg", "nan"], "error: --cfg must be a finite number >= 1, got nan"),
+    (["generate", "--model", "mar_tiny", "--temperature", "inf"], "error: --temperature must be a finite number > 0, got inf"),
+    (["generate", "--model", "mar_tiny", "--temperature", "-1"], "error: --temperature must be a finite number > 0, got -1.0"),
+    (["record", "--model", "mar_tiny", "--num-iter", "2", "--queue-size", "0"], "error: --queue-size must be an integer >= 1"),
     (["record", "--model", "mar_tiny", "--num-iter", "2", "--repair"], "give it with --resume"),
-    (["compare", "--num-samples", "1", "--num-iter", "2"], "num_samples must be >= 2 for the Frechet distance"),
-    (["train", "--preset", "mar_tiny", "--dataset", "digits", "--max-minutes", "-1"], "max_minutes must be a finite"),
+    (["compare", "--num-samples", "1", "--num-iter", "2"], "error: --num-samples must be >= 2 for the Frechet distance"),
+    (["train", "--preset", "mar_tiny", "--dataset", "digits", "--max-minutes", "-1"], "error: --max-minutes must be a finite"),
+    # issue 18: errors name the flag, and torch's own messages are replaced by ones that list the valid values
+    (["generate", "--model", "mar_tiny", "--device", "bogus"], "error: unknown device 'bogus'; expected 'cpu', 'cuda'"),
+    (["generate", "--model", "mar_tiny", "--num-sampling-steps", "abc"],
+     "error: --num-sampling-steps: head steps must be a count such as '100' or per-section counts such as '25,25', "
+     "got 'abc'"),
 ])
 def test_bad_inputs_exit_nonzero_with_message(argv, match, capsys, tmp_path):
     rc = main(argv + ["--out", str(tmp_path / "x")])
@@ -44,6 +49,17 @@ def test_bad_inputs_exit_nonzero_with_message(argv, match, capsys, tmp_path):
     assert rc == 2 and "error:" in err and "Traceback" not in err
     assert match in err
     assert not (tmp_path / "x").exists()  # nothing is written before a check fails
+
+
+def test_unexpected_errors_keep_their_traceback(monkeypatch, tmp_path):
+    """Only expected errors (bad input, a failed write) become one line: a bug's KeyError is not hidden (issue 18)."""
+    from mar_probe import api
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+    monkeypatch.setattr(api, "sample", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        main(["generate", "--model", "mar_tiny", "--num-iter", "2", "--out", str(tmp_path / "x")])
 
 
 def test_cuda_without_cuda_exits_nonzero(capsys, tmp_path):
@@ -97,7 +113,7 @@ def test_study_records_then_writes_grid_figures_and_summary(tmp_path, capsys):
     assert main(argv + ["--threads", "1"]) == 0              # complete stores are reused, not re-recorded
     assert chunk.stat().st_mtime_ns == before and torch.get_num_threads() == threads
     assert main(argv + ["--seeds", "0,0"]) == 2
-    assert "StudyConfig.seeds must be distinct non-negative integers, got (0, 0)" in capsys.readouterr().err
+    assert "error: --seeds must be distinct non-negative integers, got (0, 0)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kw, match", [

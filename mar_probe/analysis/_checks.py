@@ -7,6 +7,14 @@ RECORD_HINT = "`mar-probe record --vars {vars}`"
 RECORD_FLAGS = {"layer": "--layers", "step": "--steps", "branch": "--branches", "sample": "--samples"}
 
 
+
+class MissingVariableError(KeyError, ValueError):
+    """A measurement needs variables the store lacks (a KeyError for mapping-style callers, a ValueError for the
+    CLI's expected errors); its message is plain text, not KeyError's quoted repr."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
 def require(ds: xr.Dataset, *names: str) -> None:
     """Raise a KeyError naming the ``mar-probe record`` flag that would capture each missing variable.
 
@@ -20,7 +28,7 @@ def require(ds: xr.Dataset, *names: str) -> None:
     missing = [n for n in names if n not in ds.data_vars]
     if missing:
         have = sorted(str(v) for v in ds.data_vars)
-        raise KeyError(f"the store lacks variable(s) {missing!r}; record them with "
+        raise MissingVariableError(f"the store lacks variable(s) {missing!r}; record them with "
                        f"{RECORD_HINT.format(vars=','.join(missing))} (this store has {have!r})")
 
 

@@ -23,6 +23,7 @@ from typing import Literal
 
 from .._config import checked_fields
 from ..models.checkpoints import SAMPLING_KEYS
+from ..models.diffusion import parse_spacing
 
 CFG_SCHEDULES = ("linear", "constant")
 RNG_MODES = ("own", "official")
@@ -81,8 +82,8 @@ class SamplingConfig:
         if self.rng not in RNG_MODES:
             raise ValueError(f"unknown rng mode {self.rng!r}; expected one of {RNG_MODES!r}")
         check_guidance(1.0 if self.cfg is None else self.cfg, 1.0 if self.temperature is None else self.temperature)
-        if self.head_steps is not None and not self.head_steps.strip():
-            raise ValueError(f"head_steps must name the head's diffusion steps (e.g. '100'), got {self.head_steps!r}")
+        if self.head_steps is not None:
+            parse_spacing(self.head_steps)  # "100" or "25,25"; the error names what was given
 
     @property
     def resolved(self) -> bool:

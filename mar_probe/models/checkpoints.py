@@ -23,6 +23,10 @@ class CheckpointError(ValueError):
     """A checkpoint does not fit the model it is loaded into."""
 
 
+class DeviceError(ValueError, RuntimeError):
+    """A device name that torch does not know, or CUDA asked for where there is none."""
+
+
 # the settings a checkpoint's "sampling_defaults" may recommend; what is left out is resolved by
 # mar_probe.engine.SamplingConfig.resolve, the one place their defaults live (issue 18)
 SAMPLING_KEYS = ("num_iter", "cfg", "cfg_schedule", "temperature")
@@ -56,10 +60,13 @@ def create_model(preset: str = "fashion_small", **overrides) -> MAR:
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """A torch device, with a clear error for CUDA on a machine without it."""
-    dev = torch.device(device if device is not None else "cpu")
+    try:
+        dev = torch.device(device if device is not None else "cpu")
+    except RuntimeError:  # torch's own message lists every backend it was built to name
+        raise DeviceError(f"unknown device {str(device)!r}; expected 'cpu', 'cuda' or 'cuda:N'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {str(device)!r} requested but CUDA is not available on this machine; "
-                           "expected 'cpu' here (or install a CUDA build of torch on a GPU machine)")
+        raise DeviceError(f"device {str(device)!r} requested but CUDA is not available on this machine; "
+                          "expected 'cpu' here (or install a CUDA build of torch on a GPU machine)")
     return dev
 
 

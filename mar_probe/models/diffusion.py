@@ -8,6 +8,7 @@ gathered to float32, as in the reference.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import torch
@@ -21,9 +22,18 @@ def cosine_betas(num_steps: int = 1000, max_beta: float = 0.999) -> np.ndarray:
                      for i in range(num_steps)], dtype=np.float64)
 
 
+def parse_spacing(spacing: str | int) -> list[int]:
+    """The per-section step counts of a respacing (``"100"`` -> [100], ``"25,25"`` -> [25, 25]), with a clear error."""
+    text = str(spacing).strip()
+    if not re.fullmatch(r"[0-9]+(,[0-9]+)*", text):
+        raise ValueError(f"head steps must be a count such as '100' or per-section counts such as '25,25', "
+                         f"got {spacing!r}")
+    return [int(x) for x in text.split(",")]
+
+
 def space_timesteps(num_timesteps: int, spacing: str | int) -> list[int]:
     """Timesteps kept by a respacing such as ``"100"`` or ``"25,25"`` (evenly strided per section)."""
-    counts = [int(x) for x in str(spacing).split(",")]
+    counts = parse_spacing(spacing)
     size_per, extra = divmod(num_timesteps, len(counts))
     kept, start = [], 0
     for i, count in enumerate(counts):
