@@ -167,7 +167,8 @@ def child_analyse(path: Path, workers: int, max_chunk_mb: float) -> dict:
         table, skipped = A.run_summary(ds, layer=1, k=64)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    pick = lambda **m: float(table[np.logical_and.reduce([table[c] == v for c, v in m.items()])]["mean"].iloc[0])
+    def pick(**m):
+        return float(table[np.logical_and.reduce([table[c] == v for c, v in m.items()])]["mean"].iloc[0])
     return {"analysis_s": seconds, "analysis_cpu_s": cpu, "peak_rss_bytes": rss, "rows": len(table),
             "skipped": skipped, "chunks_steps": int(ds["dec_k"].chunks[1][0]),
             "checks": {"ratio_cond/residual": pick(quantity="ratio_cond/residual"),
@@ -184,7 +185,8 @@ def _child(args: list[str]) -> dict:
 
 
 def _result(samples, steps, disk, t_write, rd, an, workers, loads) -> dict:
-    mb = lambda n, s: n / s / 1e6
+    def mb(n, s):
+        return n / s / 1e6
     logical = rd["logical_bytes"]
     return {"samples": samples, "steps": steps, "variables": list(VARS), "logical_bytes": logical,
             "disk_bytes": disk, "analysed_file_bytes": rd["file_bytes"], "synthesise_s": t_write,

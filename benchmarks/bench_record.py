@@ -209,7 +209,7 @@ def codec_comparison(model, name, args, scratch: Path) -> dict:
         create_store(path, probe.layout, labels=np.array([0]), seeds=sample_seeds(0, 1), attrs={},
                      compression=codec)
 
-        def write():
+        def write(path=path):
             writer = StoreWriter(path, probe.layout, queue_size=8, threads=args.writer_threads)
             for rec in probe.records:
                 writer.put_step(rec)

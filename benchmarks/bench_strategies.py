@@ -206,7 +206,8 @@ def main(argv=None):
                "results": results}
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    stem = (f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "") + ("_cpu" if args.clock == "cpu" else "")
+    stem = (f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "")
+            + ("_cpu" if args.clock == "cpu" else "")
             + (f"_{args.tag}" if args.tag else ""))
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
     (out / f"{stem}.md").write_text(markdown(payload))

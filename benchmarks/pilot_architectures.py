@@ -14,7 +14,6 @@ skips finished candidates and only evaluates).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, machine, write_result  # noqa: E402
+from common import RESULTS, write_result  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,5 +7,5 @@ from .models.checkpoints import create_model, load_model
 from .probe import SelectionSpec, record
 from .store import open_run
 
-__all__ = ["MAR", "MARConfig", "PRESETS", "SampleResult", "create_model", "decode_images", "load_model",
+__all__ = ["__version__", "MAR", "MARConfig", "PRESETS", "SampleResult", "create_model", "decode_images", "load_model",
            "open_run", "preset_config", "record", "sample", "SelectionSpec"]

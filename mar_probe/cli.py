@@ -290,7 +290,8 @@ def _add_train(p):
     p.add_argument("--attention", choices=["explicit", "sdpa"],
                    help="attention kernel while training (default: explicit)")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the encoder and decoder")
-    p.add_argument("--init", metavar="PATH", help="start from this checkpoint's (EMA) weights, e.g. data/fashion_small.pth")
+    p.add_argument("--init", metavar="PATH",
+                   help="start from this checkpoint's (EMA) weights, e.g. data/fashion_small.pth")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     p.add_argument("--export", metavar="PATH", help="after training, write the EMA-only checkpoint here")
 

@@ -77,7 +77,7 @@ class StrategyRun:
         return {"label": self.label, "name": self.name, "options": dict(self.options)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "StrategyRun":
+    def from_dict(cls, data: dict) -> StrategyRun:
         return cls(label=data["label"], name=data["name"], options=tuple(dict(data.get("options", {})).items()))
 
 
@@ -162,7 +162,7 @@ class CompareConfig:
         return SamplingConfig(num_iter=self.num_iter, cfg=self.cfg, cfg_schedule=self.cfg_schedule,
                               temperature=self.temperature, head_steps=self.head_steps, rng=self.rng)
 
-    def resolved(self, model) -> "CompareConfig":
+    def resolved(self, model) -> CompareConfig:
         """This config with every sampling field the model's recommended setting, else the official default."""
         s = self.sampling.resolve(model)
         return dataclasses.replace(self, num_iter=s.num_iter, cfg=s.cfg, cfg_schedule=s.cfg_schedule,
@@ -176,7 +176,7 @@ class CompareConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CompareConfig":
+    def from_dict(cls, data: dict) -> CompareConfig:
         data = checked_fields(cls, data)
         data["runs"] = tuple(StrategyRun.from_dict(r) for r in data["runs"])
         for key in ("labels", "seeds"):
@@ -460,7 +460,7 @@ class QualityJudge:
             self.inception = load_inception(config.inception_weights)
 
     @classmethod
-    def for_images(cls, images, config: CompareConfig) -> "QualityJudge | None":
+    def for_images(cls, images, config: CompareConfig) -> QualityJudge | None:
         """The judge that fits these images, or None (no images, or RGB without Inception weights)."""
         from .quality.report import _is_grayscale_28
         if images is None:

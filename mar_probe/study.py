@@ -88,7 +88,7 @@ class StudyConfig:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "StudyConfig":
+    def from_dict(cls, data: dict) -> StudyConfig:
         """Build from :meth:`to_dict`'s output, with a clear error for unknown keys."""
         return cls(**checked_fields(cls, data))
 

@@ -70,7 +70,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
+    def from_dict(cls, data: dict) -> TrainConfig:
         return cls(**checked_fields(cls, data))
 
 
@@ -96,7 +96,8 @@ def _load_training_latents(cfg: TrainConfig, model: MAR):
 
 def save_checkpoint(path: Path, model, ema, opt, it, cfg, history, rng=None) -> None:
     """Atomically write a checkpoint in the official layout plus mar_probe's configs and RNG state."""
-    state = {"rng_state": rng or {}, "model": model.state_dict(), "model_ema": ema.state_dict(), "optimizer": opt.state_dict(),
+    state = {"rng_state": rng or {}, "model": model.state_dict(), "model_ema": ema.state_dict(),
+             "optimizer": opt.state_dict(),
              "epoch": it, "args": argparse.Namespace(**cfg.to_dict()),
              "mar_probe_config": model.config.to_dict(), "train_config": cfg.to_dict(), "loss_history": history}
     tmp = path.with_suffix(".tmp")
@@ -124,7 +125,8 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
     start, history = 0, []
     if resume and ckpt_path.exists():
         state = read_checkpoint(ckpt_path)
-        model.load_state_dict(state["model"]); ema.load_state_dict(state["model_ema"])
+        model.load_state_dict(state["model"])
+        ema.load_state_dict(state["model_ema"])
         opt.load_state_dict(state["optimizer"])
         start, history = state["epoch"], list(state["loss_history"])
         if state.get("rng_state"):
@@ -156,7 +158,8 @@ def _warm_start(model, ema, path) -> None:
     from .models.checkpoints import _pick_state_dict, check_state_dict
     sd = _pick_state_dict(read_checkpoint(path), ema=True, path=path)
     check_state_dict(model, sd)
-    model.load_state_dict(sd); ema.load_state_dict(sd)
+    model.load_state_dict(sd)
+    ema.load_state_dict(sd)
 
 
 def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng):

@@ -3,7 +3,6 @@
 ``Attention``/``Block`` and the official ``forward_mae_decoder`` line by line."""
 from __future__ import annotations
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -97,9 +97,9 @@ def test_cosine_stability_matches_numpy_loop(run):
     got = A.cosine_stability(run["dec_k"], lag=2).compute()
     assert got.dims == ("sample", "step", "branch", "layer", "token") and list(got["step"].values) == [2, 3]
     x = run["dec_k"].values
-    for i, s, b, l, t in [(0, 2, 0, 0, 3), (2, 3, 1, 2, 10), (1, 3, 0, 1, 0)]:
-        assert got.sel(sample=i, step=s, layer=l, token=t).isel(branch=b).item() == pytest.approx(
-            _np_cos(x[i, s, b, l, t], x[i, s - 2, b, l, t]), rel=1e-5)
+    for i, s, b, ly, t in [(0, 2, 0, 0, 3), (2, 3, 1, 2, 10), (1, 3, 0, 1, 0)]:
+        assert got.sel(sample=i, step=s, layer=ly, token=t).isel(branch=b).item() == pytest.approx(
+            _np_cos(x[i, s, b, ly, t], x[i, s - 2, b, ly, t]), rel=1e-5)
     per_head = A.cosine_stability(run["dec_k"], dim="d_head").values
     assert per_head[0, 0, 0, 1, 4, 1] == pytest.approx(_np_cos(x[0, 1, 0, 1, 4, 1], x[0, 0, 0, 1, 4, 1]), rel=1e-5)
 
@@ -121,11 +121,11 @@ def test_stability_summary_matches_loop(run):
     cats = A.token_categories(run)
     summ = A.summarize_stability(cos, cats, dim=("token", "branch"), thresholds=(0.0, 0.5)).compute()
     c, codes = cos.values, cats.values
-    i, s, l = 1, 2, 1
+    i, s, ly = 1, 2, 1
     for name in ("t", "t-1", ">t", "buffer"):
         sel = codes[i, s] == A.CATEGORIES.index(name)
-        vals = c[i, s - 1, :, l][:, sel].ravel()
-        got = summ.sel(sample=i, step=s, layer=l, category=name)
+        vals = c[i, s - 1, :, ly][:, sel].ravel()
+        got = summ.sel(sample=i, step=s, layer=ly, category=name)
         assert got["mean"].item() == pytest.approx(vals.mean(), rel=1e-6)
         assert got["share"].sel(threshold=0.0).item() == pytest.approx((vals > 0).mean())
         assert got["count"].item() == vals.size
@@ -165,14 +165,14 @@ def test_topk_overlap_layers_and_steps_match_loop(run):
     attn, pred = run["attn_gen"].sel(branch="cond").values, run["pred"].values
     for i in range(3):
         for s in range(STEPS):
-            for l in range(LAYERS):
+            for ly in range(LAYERS):
                 for j, k in enumerate((2, 4)):
-                    a, r = _np_topk(attn[i, s, l], ~pred[i, s], k), _np_topk(attn[i, s, 1], ~pred[i, s], k)
-                    assert got[i, s, l, j] == pytest.approx(len(a & r) / k)
+                    a, r = _np_topk(attn[i, s, ly], ~pred[i, s], k), _np_topk(attn[i, s, 1], ~pred[i, s], k)
+                    assert got[i, s, ly, j] == pytest.approx(len(a & r) / k)
                 if s:
-                    a = _np_topk(attn[i, s, l], np.ones(N, bool), 3)
-                    b = _np_topk(attn[i, s - 1, l], np.ones(N, bool), 3)
-                    assert steps[i, s - 1, l] == pytest.approx(len(a & b) / 3)
+                    a = _np_topk(attn[i, s, ly], np.ones(N, bool), 3)
+                    b = _np_topk(attn[i, s - 1, ly], np.ones(N, bool), 3)
+                    assert steps[i, s - 1, ly] == pytest.approx(len(a & b) / 3)
     assert (got[:, :, 1] == 1).all()
 
 
@@ -184,17 +184,17 @@ def test_selection_vs_drift_matches_loop(run):
     thr = A.selection_vs_drift(sel, actual, cats, k=[2], threshold=0.9).compute()
     a, d, codes = sel.values, actual.values, cats.values
     cand = np.isin(codes, [A.CATEGORIES.index(c) for c in A.CANDIDATES])
-    for i, s, l in [(0, 1, 1), (2, 3, 2), (1, 2, 0)]:
+    for i, s, ly in [(0, 1, 1), (2, 3, 2), (1, 2, 0)]:
         el = cand[i, s]
         for j, k in enumerate((2, 3)):
-            top_a, top_d = _np_topk(a[i, s], el, k), _np_topk(d[i, s - 1, l], el, k)
-            got = out.isel(k=j).sel(sample=i, step=s, layer=l)
+            top_a, top_d = _np_topk(a[i, s], el, k), _np_topk(d[i, s - 1, ly], el, k)
+            got = out.isel(k=j).sel(sample=i, step=s, layer=ly)
             assert got["precision"].item() == pytest.approx(len(top_a & top_d) / len(top_a))
             assert got["jaccard"].item() == pytest.approx(len(top_a & top_d) / len(top_a | top_d))
             assert got["random_recall"].item() == pytest.approx(len(top_a) / el.sum())
-        drifting = set(np.flatnonzero(el & (d[i, s - 1, l] > 0.9)).tolist())
+        drifting = set(np.flatnonzero(el & (d[i, s - 1, ly] > 0.9)).tolist())
         top_a = _np_topk(a[i, s], el, 2)
-        got = thr.isel(k=0).sel(sample=i, step=s, layer=l)
+        got = thr.isel(k=0).sel(sample=i, step=s, layer=ly)
         if drifting:
             assert got["recall"].item() == pytest.approx(len(top_a & drifting) / len(drifting))
         assert got["precision"].item() == pytest.approx(len(top_a & drifting) / 2)

@@ -135,7 +135,8 @@ def test_fashion_judge_per_image_accuracy_and_per_seed_frechet():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(runs=(StrategyRun(label="a", name="marche"), StrategyRun(label="a", name="lazymar"))), "labels must be unique"),
+    (dict(runs=(StrategyRun(label="a", name="marche"), StrategyRun(label="a", name="lazymar"))),
+     "labels must be unique"),
     (dict(runs=(StrategyRun(label="full", name="marche"),)), "'full' is the reference"),
     (dict(runs=(), seeds=(1, 1)), "seeds must be distinct"),
     (dict(runs=(), num_iter=0), "num_iter must be a positive integer, got 0"),

@@ -69,7 +69,7 @@ def _assert_open_run_reports(store, kind, variable):
     with pytest.raises(StoreDamagedError, match=r"is damaged: .*--resume --repair"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            open_run(store)[variable].values
+            _ = open_run(store)[variable].values  # decoding raises
 
 
 def test_resume_without_repair_on_damaged_flags_says_what_to_do(tmp_path, ref_store):

@@ -53,7 +53,8 @@ def test_deterministic_per_seed(trained_like_tiny, rng):
 
 
 def test_no_global_rng_touched(trained_like_tiny):
-    torch.manual_seed(123); np.random.seed(123)
+    torch.manual_seed(123)
+    np.random.seed(123)
     before_t, before_n = torch.get_rng_state(), np.random.get_state()[1].copy()
     sample(trained_like_tiny, [0], num_iter=3, seed=1)
     assert torch.equal(before_t, torch.get_rng_state()) and np.array_equal(before_n, np.random.get_state()[1])

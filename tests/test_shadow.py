@@ -144,7 +144,8 @@ def test_compose_derives_uncond_between_refreshes_and_caches_the_head(deep_tiny)
         assert plan.computed == (("cond", "uncond") if plan.refresh else ("cond",))
         assert plan.head["cached"] > 0
         if not plan.refresh:
-            assert plan.active["decoder"].shape[0] == 2 and int(plan.active["decoder"][0].sum()) >= 20   # cond rows only
+            # cond rows only
+            assert plan.active["decoder"].shape[0] == 2 and int(plan.active["decoder"][0].sum()) >= 20
     marche = mar_probe.sample(deep_tiny, LABELS, num_iter=NUM_ITER, cfg=3.0, seed=3,
                               strategy=strategies.create("marche", budget=20))
     assert res.cost["totals"]["flops_total"] < marche.cost["totals"]["flops_total"]

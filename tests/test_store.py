@@ -223,7 +223,6 @@ def test_full_disk_reports_clearly_and_leaves_a_consistent_store(tmp_path, ref_s
 
     monkeypatch.setattr(zarr.storage._local, "_put", put)
     import gc
-    import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert main(["record", *CLI, "--out", str(out)]) == 2

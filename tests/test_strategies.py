@@ -106,7 +106,8 @@ def test_cost_is_reported_per_step_and_component(deep_tiny, name):
 def test_unknown_strategy_and_option_list_valid_ones():
     with pytest.raises(ValueError, match=r"unknown strategy 'nope'.*'full'.*'marche'.*budget: int = 64"):
         strategies.create("nope")
-    with pytest.raises(ValueError, match=r"no option\(s\) \['budjet'\].*budget: int = 64.*selection: str = 'attention'"):
+    with pytest.raises(ValueError,
+                       match=r"no option\(s\) \['budjet'\].*budget: int = 64.*selection: str = 'attention'"):
         strategies.create("marche", budjet=3)
     with pytest.raises(ValueError, match="mar_probe.sample|unknown strategy"):
         mar_probe.sample(mar_probe.create_model("mar_tiny").eval(), [0], num_iter=2, strategy="nope")
@@ -196,7 +197,7 @@ def test_lazymar_caches_follow_the_released_schedule(deep_tiny):
     res = _run(deep_tiny, strategies.create("lazymar", warmup_steps=2, refresh_interval=3), observers=[obs])
     full = [p.refresh for _, _, p in obs.plans]
     assert full == [True, True, True, False, False, True, False, False]
-    for step, to_pred, plan in obs.plans:
+    for _step, to_pred, plan in obs.plans:
         assert plan.head["full"] == 3 and plan.head["cached"] == 7      # i = 9, 7, 0 of 10 recompute
         if not plan.refresh:
             assert plan.computed == ("cond",) and plan.derived == ("uncond",)
@@ -272,7 +273,8 @@ def test_lazymar_batched_head_modulation_changes_rounding_only(deep_tiny):
         for batched in (False, True):
             lazy = strategies.create("lazymar", head_batch_modulation=batched, head_interval=5)
             heads[batched] = _head_cache(lazy, diff)
-            out = diff.sample(z, 1.0, 3.0, generator=torch.Generator().manual_seed(6), denoise_fn=heads[batched].denoise)
+            out = diff.sample(z, 1.0, 3.0, generator=torch.Generator().manual_seed(6),
+                              denoise_fn=heads[batched].denoise)
             heads[batched].out = out
     finally:
         diff.set_sampling_steps(deep_tiny.config.num_sampling_steps)
@@ -318,7 +320,8 @@ def test_cli_generate_with_strategy_writes_cost_json(tmp_path, capsys):
     assert abs(cost["totals"]["seconds_total"] - sum(rec["seconds_total"] for rec in cost["steps"])) < 1e-6
     assert cli.main(args[:-2] + ["--strategy-opt", "budjet=3", "--out", str(tmp_path)]) == 2
     assert "valid options: budget: int = 64" in capsys.readouterr().err
-    bad_name = ["generate", "--model", "mar_tiny", "--num-samples", "1", "--strategy", "lazy-mar", "--out", str(tmp_path)]
+    bad_name = ["generate", "--model", "mar_tiny", "--num-samples", "1", "--strategy", "lazy-mar",
+                "--out", str(tmp_path)]
     assert cli.main(bad_name) == 2
     err = capsys.readouterr().err
     assert "unknown strategy 'lazy-mar'" in err and "'lazymar'" in err and "refresh_interval: int = 9" in err

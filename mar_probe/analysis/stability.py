@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ._checks import check_values, feature_dims
+from ._checks import feature_dims
 from .categories import category_masks
 
 THRESHOLDS = (0.9, 0.95, 0.99)

@@ -33,7 +33,7 @@ class SampleRNG:
     noise: torch.Generator
 
     @classmethod
-    def create(cls, seed: int, mode: str, device: torch.device) -> "SampleRNG":
+    def create(cls, seed: int, mode: str, device: torch.device) -> SampleRNG:
         if mode not in RNG_MODES:
             raise ValueError(f"unknown rng mode {mode!r}; expected one of {RNG_MODES!r}")
         cpu = torch.Generator("cpu").manual_seed(seed)

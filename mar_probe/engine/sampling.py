@@ -90,11 +90,11 @@ class SamplingConfig:
         """True when no field is left to the model's or the official default."""
         return all(getattr(self, f.name) is not None for f in dataclasses.fields(self))
 
-    def replace(self, **changes) -> "SamplingConfig":
+    def replace(self, **changes) -> SamplingConfig:
         """A copy with ``changes``; a change of None keeps the current value (so unset CLI flags change nothing)."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
-    def resolve(self, model) -> "SamplingConfig":
+    def resolve(self, model) -> SamplingConfig:
         """Every field filled: given, else the model's recommended setting, else :data:`OFFICIAL` (module doc)."""
         recommended = dict(getattr(model, "sampling_defaults", None) or {})
         unknown = sorted(set(recommended) - set(SAMPLING_KEYS))
@@ -112,7 +112,7 @@ class SamplingConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data) -> "SamplingConfig":
+    def from_dict(cls, data) -> SamplingConfig:
         """Build from :meth:`to_dict`'s output, with a clear error for unknown keys."""
         return cls(**checked_fields(cls, data))
 

@@ -110,7 +110,8 @@ def config_from_checkpoint(state: dict, preset: str | None) -> MARConfig:
                               f"(or a bare state dict of tensors), got keys {sorted(map(str, state))[:8]!r}")
     guess = suggest_preset(sd)
     if guess is None:
-        raise CheckpointError(f"cannot tell the architecture of this checkpoint; pass preset=, one of {sorted(PRESETS)!r}")
+        raise CheckpointError("cannot tell the architecture of this checkpoint; pass preset=, one of "
+                              f"{sorted(PRESETS)!r}")
     return preset_config(guess)
 
 

@@ -82,8 +82,8 @@ class MARConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "MARConfig":
+    def from_dict(cls, data: dict) -> MARConfig:
         return cls(**checked_fields(cls, data))
 
-    def replace(self, **changes) -> "MARConfig":
+    def replace(self, **changes) -> MARConfig:
         return dataclasses.replace(self, **changes)

@@ -101,7 +101,8 @@ class GaussianDiffusion:
                 + self._gather(self.sqrt_one_minus_alphas_cumprod, t, x0.ndim) * noise)
 
     def q_posterior(self, x0, xt, t):
-        mean = self._gather(self.posterior_mean_coef1, t, xt.ndim) * x0 + self._gather(self.posterior_mean_coef2, t, xt.ndim) * xt
+        mean = (self._gather(self.posterior_mean_coef1, t, xt.ndim) * x0
+                + self._gather(self.posterior_mean_coef2, t, xt.ndim) * xt)
         return mean, self._gather(self.posterior_log_variance_clipped, t, xt.ndim)
 
     def p_mean_variance(self, model_output, x, t, clip_denoised: bool = False):
@@ -112,7 +113,8 @@ class GaussianDiffusion:
         max_log = self._gather(self.log_betas, t, x.ndim)
         frac = (var_values + 1) / 2
         log_var = frac * max_log + (1 - frac) * min_log
-        x0 = self._gather(self.sqrt_recip_alphas_cumprod, t, x.ndim) * x - self._gather(self.sqrt_recipm1_alphas_cumprod, t, x.ndim) * eps
+        x0 = (self._gather(self.sqrt_recip_alphas_cumprod, t, x.ndim) * x
+              - self._gather(self.sqrt_recipm1_alphas_cumprod, t, x.ndim) * eps)
         if clip_denoised:
             x0 = x0.clamp(-1, 1)
         mean, _ = self.q_posterior(x0, x, t)

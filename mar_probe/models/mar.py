@@ -34,13 +34,15 @@ class MAR(nn.Module):
         self.z_proj_ln = nn.LayerNorm(enc, eps=1e-6)
         self.encoder_pos_embed_learned = nn.Parameter(torch.zeros(1, self.seq_len + self.buffer_size, enc))
         self.encoder_blocks = nn.ModuleList([
-            Block(enc, c.encoder_num_heads, c.mlp_ratio, c.attn_dropout, c.proj_dropout) for _ in range(c.encoder_depth)])
+            Block(enc, c.encoder_num_heads, c.mlp_ratio, c.attn_dropout, c.proj_dropout)
+            for _ in range(c.encoder_depth)])
         self.encoder_norm = nn.LayerNorm(enc, eps=1e-6)
         self.decoder_embed = nn.Linear(enc, dec)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dec))
         self.decoder_pos_embed_learned = nn.Parameter(torch.zeros(1, self.seq_len + self.buffer_size, dec))
         self.decoder_blocks = nn.ModuleList([
-            Block(dec, c.decoder_num_heads, c.mlp_ratio, c.attn_dropout, c.proj_dropout) for _ in range(c.decoder_depth)])
+            Block(dec, c.decoder_num_heads, c.mlp_ratio, c.attn_dropout, c.proj_dropout)
+            for _ in range(c.decoder_depth)])
         self.decoder_norm = nn.LayerNorm(dec, eps=1e-6)
         self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, self.seq_len, dec))
         self.hook_z = HookPoint()  # [B', L, Ddec]: decoder output fed to the diffusion head, all branches

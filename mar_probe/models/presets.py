@@ -34,7 +34,8 @@ PRESETS: dict[str, dict] = {
     # differs. benchmarks/pilot_architectures.py compares them at the same wall-clock training budget.
     **{f"fashion_b{w}": _fashion_b(w) for w in (128, 192, 256)},
     # Tiny models for tests: 64 tokens (8x8 grid) of 2x2 pixel patches; 8x8 images (sklearn digits) padded to 16x16.
-    "mar_tiny": dict(img_size=16, crop_size=8, attn_dropout=0.0, proj_dropout=0.0, vae_stride=2, patch_size=1, vae_embed_dim=4, image_channels=1, class_num=10,
+    "mar_tiny": dict(img_size=16, crop_size=8, attn_dropout=0.0, proj_dropout=0.0, vae_stride=2, patch_size=1,
+                     vae_embed_dim=4, image_channels=1, class_num=10,
                      buffer_size=4, encoder_embed_dim=32, encoder_depth=2, encoder_num_heads=2,
                      decoder_embed_dim=32, decoder_depth=2, decoder_num_heads=2, diffloss_d=2, diffloss_w=32,
                      num_sampling_steps="10", diffusion_batch_mul=1, clip_denoised=True, tokenizer="pixel"),

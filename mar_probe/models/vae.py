@@ -283,7 +283,7 @@ class KL16Decoder:
         self.vae, self.scale = vae, scale
 
     @classmethod
-    def from_checkpoint(cls, path, device="cpu") -> "KL16Decoder":
+    def from_checkpoint(cls, path, device="cpu") -> KL16Decoder:
         return cls(load_vae(path, device))
 
     @torch.no_grad()

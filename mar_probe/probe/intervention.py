@@ -21,7 +21,7 @@ functions receive that state::
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

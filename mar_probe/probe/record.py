@@ -249,7 +249,8 @@ class _Progress:
 
 def record(model, labels, out, spec: SelectionSpec | None = None, *, sampling: SamplingConfig | None = None,
            seed: int = 0, num_iter: int | None = None, cfg: float | None = None, cfg_schedule: str | None = None,
-           temperature: float | None = None, head_steps: str | None = None, rng: str | None = None, batch_size: int = 1, strategy=None, vae=None, checkpoint=None, resume: bool = False,
+           temperature: float | None = None, head_steps: str | None = None, rng: str | None = None, batch_size: int = 1,
+           strategy=None, vae=None, checkpoint=None, resume: bool = False,
            overwrite: bool = False, repair: bool = False, shard=None, queue_size: int = 8, writer_threads: int = 4,
            compression: str = "lz4", steps_per_chunk: int | None = None, progress: bool = False) -> RecordResult:
     """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.

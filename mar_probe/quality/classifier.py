@@ -54,7 +54,7 @@ class ClassifierConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ClassifierConfig":
+    def from_dict(cls, data: dict) -> ClassifierConfig:
         return cls(**checked_fields(cls, data))
 
 

@@ -90,7 +90,7 @@ def open_run(path: str | Path, *, mask_incomplete: bool = True, warn: bool = Tru
         When the path is not a run store or has another schema version.
     """
     import xarray as xr
-    attrs = read_attrs(path)
+    read_attrs(path)  # raises SchemaError unless a run store of a readable version
     try:
         import dask  # noqa: F401
         chunks = {}

@@ -53,7 +53,7 @@ class ModelDims:
     dec: StackDims
 
     @classmethod
-    def from_model(cls, model) -> "ModelDims":
+    def from_model(cls, model) -> ModelDims:
         def stack(blocks):
             attn = blocks[0].attn
             width = attn.qkv.in_features

@@ -98,12 +98,12 @@ class SelectionSpec:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SelectionSpec":
+    def from_dict(cls, data: dict) -> SelectionSpec:
         """Build from a dict such as :meth:`to_dict`'s, with a clear error for unknown keys."""
         return cls(**{k: v for k, v in checked_fields(cls, data).items() if v is not None})
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "SelectionSpec":
+    def from_file(cls, path: str | Path) -> SelectionSpec:
         """Read a YAML (.yaml/.yml) or JSON file holding the fields of :meth:`to_dict`."""
         path = Path(path)
         if not path.is_file():
@@ -126,5 +126,5 @@ class SelectionSpec:
             raise ValueError(f"selection spec {str(path)!r} must hold a mapping, got {type(data).__name__!r}")
         return cls.from_dict(data)
 
-    def replace(self, **changes) -> "SelectionSpec":
+    def replace(self, **changes) -> SelectionSpec:
         return dataclasses.replace(self, **changes)

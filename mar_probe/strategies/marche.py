@@ -81,7 +81,8 @@ class MARcheConfig:
         if bad or not isinstance(self.stacks, tuple):
             raise ValueError(f"marche stacks must be a tuple of 'encoder'/'decoder', got {self.stacks!r}")
         if not self.refresh_threshold >= 0:
-            raise ValueError(f"marche refresh_threshold must be >= 0 (0: periodic refresh), got {self.refresh_threshold!r}")
+            raise ValueError("marche refresh_threshold must be >= 0 (0: periodic refresh), got "
+                             f"{self.refresh_threshold!r}")
         if not 0 <= self.refresh_mass <= 1:
             raise ValueError(f"marche refresh_mass must be in [0, 1] (0: fixed budget), got {self.refresh_mass!r}")
         if self.refresh_mass > 0 and self.selection in ("random", "low-attention"):
