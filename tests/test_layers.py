@@ -1,6 +1,6 @@
 """The package's import graph: no cycle between its parts and no edge from a lower layer to a higher one (issue 18).
 
-Data flows one way (README, Architecture): models -> engine -> strategies / probe -> store -> analysis -> plots,
+Data flows one way (docs/architecture.md): models -> engine -> strategies / probe -> store -> analysis -> plots,
 widgets, CLI. Every import counts, those inside functions too (a lazy import is still a dependency), except those
 under ``if TYPE_CHECKING:``.
 """
