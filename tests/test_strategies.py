@@ -290,16 +290,14 @@ def test_lazymar_batched_head_modulation_changes_rounding_only(deep_tiny):
 
 
 def _head_cache(lazy, diff):
-    from mar_probe.strategies.lazymar import _HeadCache
-    return _HeadCache(lazy.config, diff.net, diff.gen_diffusion.num_timesteps,
-                      lambda: lazy._time_table(diff, torch.device("cpu"), None))
+    """One step's head cache of ``lazy`` (its HeadCache part), outside a sampling run."""
+    from mar_probe.strategies.head_cache import _StepCache
+    return _StepCache(lazy.head.config, diff.net, diff.gen_diffusion.num_timesteps,
+                      lambda: lazy.head._time_table(diff, torch.device("cpu"), None))
 
 
 def _head_cache_denoise(lazy, diff):
-    from mar_probe.strategies.lazymar import _HeadCache
-    head = _HeadCache(lazy.config, diff.net, diff.gen_diffusion.num_timesteps,
-                      lambda: lazy._time_table(diff, torch.device("cpu"), None))
-    return head.denoise
+    return _head_cache(lazy, diff).denoise
 
 
 def test_cli_generate_with_strategy_writes_cost_json(tmp_path, capsys):
@@ -367,3 +365,42 @@ def test_compose_condition_warmup_computes_both_branches_in_its_first_steps(deep
     assert not torch.equal(derived.tokens, never.tokens)
     with pytest.raises(ValueError, match=r"condition_warmup must be an integer >= 0, got -1"):
         strategies.create("compose", condition_warmup=-1)
+
+
+# ---- composable cache pieces (issue 18, item 4) -------------------------------------------------------------
+def test_head_cache_is_a_part_any_strategy_can_hold(deep_tiny):
+    """The head cache on the full baseline equals lazymar with only its head cache on, bit for bit, and compose
+    holds the same part (no LazyMAR strategy borrowed for it)."""
+    from mar_probe.engine import FullStrategy
+    from mar_probe.strategies.head_cache import HeadCache, HeadCacheConfig
+
+    class FullWithHeadCache(FullStrategy):
+        name = "full+head-cache"
+
+        def __init__(self):
+            self.head = HeadCache(HeadCacheConfig(interval=3))
+
+        def head_sample(self, model, z, state, rng):
+            return self.head.head_sample(model, z, state, rng)
+
+    lazy = strategies.create("lazymar", token_cache=False, condition_cache=False, refresh_interval=1, head_interval=3)
+    mine = _run(deep_tiny, FullWithHeadCache())
+    assert torch.equal(mine.tokens, _run(deep_tiny, lazy).tokens)
+    assert not torch.equal(mine.tokens, _run(deep_tiny, "full").tokens)         # the cache does change the head
+    compose = strategies.create("compose", head_interval=3)
+    assert isinstance(compose.head, HeadCache) and compose.head.config == HeadCacheConfig(interval=3)
+
+
+def test_compose_token_options_are_typed(deep_tiny):
+    """token_opts is a typed dict; the command line's KEY=VALUE;... text parses into the same one."""
+    text = strategies.create("compose", token_opts="budget=20;refresh_period=2", head_cache=False)
+    typed = strategies.create("compose", token_opts={"budget": 20, "refresh_period": 2}, head_cache=False)
+    assert text.config == typed.config and text.config.token_opts == {"budget": 20, "refresh_period": 2}
+    assert torch.equal(_run(deep_tiny, text).tokens, _run(deep_tiny, typed).tokens)
+    from mar_probe.strategies.compose import ComposeStrategy
+    from mar_probe.strategies.marche import MARcheStrategy
+    assert ComposeStrategy.exact_options(8)["token_opts"] == MARcheStrategy.exact_options(8)
+    with pytest.raises(ValueError, match="strategy 'marche' has no option 'budjet'; valid options: budget: int"):
+        strategies.create("compose", token_opts={"budjet": 3})
+    with pytest.raises(ValueError, match="compose token_opts must be a dict of 'marche' options"):
+        strategies.create("compose", token_opts=[("budget", 3)])

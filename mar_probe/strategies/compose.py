@@ -6,22 +6,26 @@ LazyMAR's diffusion-head cache.
 * **Condition cache** (LazyMAR's): on the token policy's refresh steps both CFG branches are computed and the
   difference ``uncond - cond`` of the decoder's last hidden state is stored; on its other steps the token policy
   runs on the conditional branch only and the unconditional hidden state is ``cond + difference``.
-* **Diffusion-head cache**: the head of a :class:`~mar_probe.strategies.lazymar.LazyMARStrategy` (MLP reuse every
-  ``head_interval`` reverse steps and the cached CFG difference inside the head), called through ``head_sample``.
+* **Diffusion-head cache**: :class:`~mar_probe.strategies.head_cache.HeadCache` (MLP reuse every ``head_interval``
+  reverse steps and the cached CFG difference inside the head), the part ``lazymar`` uses too.
+
+The three are separate parts: the token policy is a strategy, the condition cache a
+:class:`~mar_probe.strategies.condition_cache.ConditionCache`, the head cache a ``HeadCache``.
 
 With the token policy refreshing every step and ``head_interval=1`` it equals ``full`` exactly.
 """
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 
 from .._config import check_ints
-from . import create, parse_options, register
+from . import create, describe, options, parse_options, register
 from ..engine.strategy import Strategy
-from .lazymar import LazyMARStrategy
+from .condition_cache import ConditionCache, cond_only  # noqa: F401  (cond_only: its old home)
+from .head_cache import HeadCache, HeadCacheConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +33,8 @@ class ComposeConfig:
     """Options of :class:`ComposeStrategy`.
 
     tokens : registered strategy deciding which rows each layer computes (must implement ``hidden``).
-    token_opts : its options as ``KEY=VALUE`` pairs separated by ``;`` (e.g. ``budget=32;refresh_period=4``).
+    token_opts : its options, typed (``{"budget": 32, "refresh_period": 4}``); the command line's
+        ``KEY=VALUE;KEY=VALUE`` string is parsed into the same dict (issue 18: nested options are typed).
     condition_cache : derive the unconditional branch between the token policy's refresh steps.
     condition_warmup : steps ``< condition_warmup`` compute both branches (LazyMAR computes everything in its first
         5 steps, where the CFG residual still moves most); 0 derives from step 1 on.
@@ -37,7 +42,7 @@ class ComposeConfig:
         ``head_batch_modulation`` makes the AdaLN modulations of its evaluations in one product per step.
     """
     tokens: str = "marche"
-    token_opts: str = ""
+    token_opts: dict | str = dataclasses.field(default_factory=dict)
     condition_cache: bool = True
     condition_warmup: int = 0
     head_cache: bool = True
@@ -48,10 +53,22 @@ class ComposeConfig:
         check_ints("compose", self, (("head_interval", 1), ("condition_warmup", 0)))
         if self.tokens == "compose":
             raise ValueError("compose tokens must name another strategy, got 'compose'")
+        opts = self.token_opts
+        if isinstance(opts, str):
+            opts = parse_options(self.tokens, [p for p in opts.split(";") if p.strip()])
+        elif isinstance(opts, Mapping):
+            unknown = sorted(set(opts) - set(options(self.tokens)))
+            if unknown:
+                raise ValueError(f"strategy {self.tokens!r} has no option {unknown[0]!r}; valid options: "
+                                 f"{describe(self.tokens)}")
+        else:
+            raise ValueError(f"compose token_opts must be a dict of {self.tokens!r} options (or KEY=VALUE;... text), "
+                             f"got {type(opts).__name__!r}")
+        object.__setattr__(self, "token_opts", dict(opts))
 
     def token_options(self) -> dict:
-        """``token_opts`` parsed into typed options of the ``tokens`` strategy."""
-        return parse_options(self.tokens, [p for p in self.token_opts.split(";") if p.strip()])
+        """The typed options of the ``tokens`` strategy."""
+        return dict(self.token_opts)
 
 
 @register("compose")
@@ -67,14 +84,15 @@ class ComposeStrategy(Strategy):
         if type(self.tokens).hidden is Strategy.hidden:
             raise ValueError(f"compose tokens={self.config.tokens!r} does not expose its decoder hidden state; "
                              "expected a strategy implementing Strategy.hidden, such as 'marche'")
-        head = dict(head_interval=self.config.head_interval, head_batch_modulation=self.config.head_batch_modulation)
-        self.head = LazyMARStrategy(**head) if self.config.head_cache else None
-        self.diff = None
+        c = self.config
+        self.condition = ConditionCache(c.condition_warmup) if c.condition_cache else None
+        self.head = HeadCache(HeadCacheConfig(interval=c.head_interval, batch_modulation=c.head_batch_modulation)) \
+            if c.head_cache else None
 
     @classmethod
     def exact_options(cls, num_iter):
         exact = create(ComposeConfig.tokens).exact_options(num_iter)
-        return {"token_opts": ";".join(f"{k}={v}" for k, v in exact.items()), "head_interval": 1}
+        return {"token_opts": dict(exact), "head_interval": 1}
 
     def to_dict(self) -> dict:
         return dict(super().to_dict(), token_strategy=self.tokens.to_dict())
@@ -84,33 +102,20 @@ class ComposeStrategy(Strategy):
 
     def begin(self, model, batch_size, num_iter):
         self.tokens.begin(model, batch_size, num_iter)
-        self.diff = None
+        for part in (self.condition, self.head):
+            if part is not None:
+                part.reset()
 
     def is_refresh(self, step):
         return self.tokens.is_refresh(step)
 
     def hidden(self, model, state, timer):
-        two = len(state.branches) == 2 and self.config.condition_cache
-        warm = state.step < self.config.condition_warmup
-        if not two or self.diff is None or warm or self.tokens.is_refresh(state.step):
-            x = self.tokens.hidden(model, state, timer)                    # [B', S+L, D]
-            if two:
-                self.diff = x[state.batch_size:] - x[:state.batch_size]     # [B, S+L, D] uncond - cond
-            return x
-        x = self.tokens.hidden(model, cond_only(state), timer)              # [B, S+L, D]
-        plan = state.outputs.plan
-        plan.computed, plan.derived = ("cond",), ("uncond",)
-        return torch.cat([x, x + self.diff], dim=0)                         # [B', S+L, D]
+        if self.condition is None:
+            return self.tokens.hidden(model, state, timer)
+        return self.condition.hidden(self.tokens, model, state, timer)
 
     def head_sample(self, model, z, state, rng):
         if self.head is None:
             return super().head_sample(model, z, state, rng)
         return self.head.head_sample(model, z, state, rng)
 
-
-def cond_only(state):
-    """The step state restricted to its conditional branch (the same outputs object, so plans land in the step's)."""
-    b = state.batch_size
-    return dataclasses.replace(state, branches=("cond",), tokens_in=state.tokens_in[:b], mask_in=state.mask_in[:b],
-                               class_embedding=state.class_embedding[:b], enc_positions=state.enc_positions[:b],
-                               outputs=state.outputs)

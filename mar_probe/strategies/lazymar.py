@@ -41,10 +41,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..models.diffloss import modulate
 from .._config import check_ints
 from . import register
-from ..engine.cost import head_embed_flops, head_eval_flops, linear_flops
+from .head_cache import HeadCache, HeadCacheConfig
+from ..engine.cost import linear_flops
 from ..engine.strategy import StepPlan, Strategy, count_blocks, count_embeddings
 from .layers import KVCache, active_attention, block_mlp, full_block, gather_rows, rows_of, scatter_rows
 
@@ -78,6 +78,11 @@ class LazyMARConfig:
         if any(not isinstance(j, int) or j < 0 for j in self.head_delta_blocks):
             raise ValueError(f"lazymar head_delta_blocks must be block indices >= 0, got {self.head_delta_blocks!r}")
 
+    def head_config(self) -> HeadCacheConfig:
+        """The ``head_*`` options as the head cache's config (the part that runs them)."""
+        return HeadCacheConfig(interval=self.head_interval, warm_fraction=self.head_warm_fraction,
+                               delta_blocks=tuple(self.head_delta_blocks), batch_modulation=self.head_batch_modulation)
+
 
 @register("lazymar")
 class LazyMARStrategy(Strategy):
@@ -88,12 +93,13 @@ class LazyMARStrategy(Strategy):
 
     def __init__(self, **options):
         self.config = LazyMARConfig(**options)
+        self.head = HeadCache(self.config.head_config())
         self._reset()
 
     def _reset(self):
         self.enc_cache, self.dec_cache = KVCache(), KVCache()
         self.dec_in = self.diff = self.prev_to_pred = None
-        self._table = self._table_key = None                                # head timestep embeddings
+        self.head.reset()
 
     @classmethod
     def exact_options(cls, num_iter):
@@ -253,135 +259,4 @@ class LazyMARStrategy(Strategy):
     def head_sample(self, model, z, state, rng):
         if not self.config.head_cache:
             return super().head_sample(model, z, state, rng)
-        diff = model.diffloss
-        timer = state.outputs.timer
-        head = _HeadCache(self.config, diff.net, diff.gen_diffusion.num_timesteps,
-                          lambda: self._time_table(diff, z.device, timer))
-        out = diff.sample(z, state.temperature, state.cfg_iter, generator=rng.noise, init_generator=rng.init_noise,
-                          denoise_fn=head.denoise)
-        if timer is not None:
-            timer.add_flops("head.linear", head.flops)
-        state.outputs.ensure_plan().head = {"full": head.full, "cached": head.cached}
-        return out
-
-    def _time_table(self, diff, device, timer) -> torch.Tensor:
-        """Timestep embeddings [T, W] of every reverse index, made once per batch, head and schedule (cached
-        evaluations read them instead of running ``time_embed``; its FLOPs are counted when the table is made)."""
-        net, T = diff.net, diff.gen_diffusion.num_timesteps
-        key = (net, T, device)
-        if self._table_key != key:
-            t = diff.gen_diffusion.model_timesteps(torch.arange(T, device=device))
-            self._table, self._table_key = net.time_embed(t), key
-            if timer is not None:
-                timer.add_flops("head.linear", head_embed_flops(net, T, cond=False))
-        return self._table
-
-
-class _HeadCache:
-    """One step's diffusion-head cache (the released ``CachedDiffLoss`` logic); ``denoise`` is the net call.
-
-    Beyond the released code (overheads only; recompute calls stay op for op the released ones): cached calls
-    reuse ``cond_embed(z)`` of the last recompute call (z is the same at every reverse index of a step) and take
-    the timestep embedding from ``time_table()`` [T, W] instead of running both embeddings on every call.
-    """
-
-    def __init__(self, config: LazyMARConfig, net, num_timesteps: int, time_table):
-        self.c, self.net, self.T = config, net, num_timesteps
-        self.time_table = time_table                        # callable -> [T, W]
-        self.cond = None                                    # cond_embed(z) [N, W] at the last recompute call
-        self.mlp: dict[int, torch.Tensor] = {}
-        self.delta: dict[int, torch.Tensor] = {}
-        self.cfg_delta = None
-        self.full = self.cached = self.flops = 0
-        self.tables: dict = {True: {}, False: {}}           # recompute? -> layer key -> [T', n, kW] (batched)
-        self.slot = {full: {i: k for k, i in enumerate(i for i in range(num_timesteps) if self.recompute(i) == full)}
-                     for full in (True, False)}
-
-    def recompute(self, i: int) -> bool:
-        return i == self.T - 1 or i % self.c.head_interval == 0
-
-    def denoise(self, x, t, z, cfg, i):
-        """Network output [N, 2C] for noisy x [N, C] at reverse index ``i`` (CFG halves when ``cfg`` is set)."""
-        c = self.net.in_channels
-        if cfg is None:
-            return self.forward(x, t, z, i)
-        n = x.shape[0] // 2
-        half = x[:n]
-        if self.recompute(i):
-            out = self.forward(torch.cat([half, half], dim=0), t, z, i)
-            eps, rest = out[:, :c], out[:, c:]
-            cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
-            self.cfg_delta = cond - uncond
-            half_eps = uncond + cfg * (cond - uncond)
-            return torch.cat([torch.cat([half_eps, half_eps], dim=0), rest], dim=1)
-        out = self.forward(half, t[:n], z[:n], i)
-        cond, rest = out[:, :c], out[:, c:]
-        uncond = cond - self.cfg_delta
-        half_eps = uncond + cfg * (cond - uncond)
-        return torch.cat([torch.cat([half_eps, half_eps], dim=0), torch.cat([rest, rest], dim=0)], dim=1)
-
-    def forward(self, x, t, c, i):
-        """``SimpleMLPAdaLN.forward`` with MLP reuse (op for op the same on recompute indices) for x [n, C]."""
-        net, full = self.net, self.recompute(i)
-        warm = full or i > self.c.head_warm_fraction * self.T
-        x = net.input_proj(x)
-        n, ada, mlp = x.shape[0], 0, 0
-        y, embeds = self._embedding(t, c, i, n, full)
-        for j, block in enumerate(net.res_blocks):
-            if not full and j in self.c.head_delta_blocks:
-                x = x + _fit(self.delta[j], n)
-                continue
-            shift, scale, gate = self.modulation(j, block.adaLN_modulation, y, i, full, n).chunk(3, dim=-1)
-            ada += 1
-            if warm:
-                m = self.mlp[j] = block.mlp(modulate(block.in_ln(x), shift, scale))
-                mlp += 1
-            else:
-                m = _fit(self.mlp[j], n)
-            x_new = x + gate * m
-            if full and j in self.c.head_delta_blocks:
-                self.delta[j] = x_new - x
-            x = x_new
-        self.full, self.cached = self.full + full, self.cached + (not full)
-        self.flops += head_eval_flops(net, n, mlp_blocks=mlp, ada_blocks=ada, time_embed=embeds[0],
-                                      cond_embed=embeds[1])
-        if not self.c.head_batch_modulation:
-            return net.final_layer(x, y)
-        final = net.final_layer
-        shift, scale = self.modulation("final", final.adaLN_modulation, y, i, full, n).chunk(2, dim=-1)
-        return final.linear(modulate(final.norm_final(x), shift, scale))
-
-    def _embedding(self, t, c, i: int, n: int, full: bool):
-        """(y [n, W] or None, (time_embed ran, cond_embed ran)) of one evaluation.
-
-        Released behaviour: recompute evaluations embed t and z, cached ones add the time table's row to the last
-        ``cond_embed(z)``. With ``head_batch_modulation`` the modulation tables hold every index's time embedding,
-        so no evaluation needs y, and ``cond_embed(z)`` runs once per step (z is the same at every index)."""
-        batched = self.c.head_batch_modulation
-        embed_cond = full and not (batched and self.cond is not None)
-        if embed_cond:
-            self.cond = self.net.cond_embed(c)                                     # [n, W]
-        if batched:
-            return None, (False, embed_cond)
-        if full:
-            return self.net.time_embed(t) + self.cond, (True, True)
-        return self.time_table()[i] + self.cond[:n], (False, False)              # [W] + [n, W]
-
-    def modulation(self, key, layer, y, i: int, full: bool, n: int) -> torch.Tensor:
-        """AdaLN modulation ``layer(y)`` [n, kW] at reverse index ``i``; with ``head_batch_modulation`` read from
-        a table made at the step's first evaluation of its kind (recompute or cached) for every index of it."""
-        if not self.c.head_batch_modulation:
-            return layer(y)
-        table = self.tables[full].get(key)
-        if table is None:
-            idx = torch.tensor(list(self.slot[full]), device=self.cond.device)
-            ys = self.time_table()[idx][:, None, :] + self.cond[None, :n]              # [T', n, W]
-            table = self.tables[full][key] = layer(ys)                                 # [T', n, kW]
-        return table[self.slot[full][i]]
-
-
-def _fit(cached: torch.Tensor, n: int) -> torch.Tensor:
-    """A cached [M, W] tensor fitted to n rows as the released code does (first rows, or repeated)."""
-    if n < cached.shape[0]:
-        return cached[:n]
-    return torch.cat([cached, cached]) if n > cached.shape[0] else cached
+        return self.head.head_sample(model, z, state, rng)
