@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .store.writer import WriteError
+
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
@@ -32,7 +34,7 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples-per-class", type=int, metavar="K",
                    help="K images of every class (or of each --labels entry); overrides --num-samples")
     g.add_argument("--seed", type=int, default=0, help="seed of the run's own generators (default: 0)")
-    from .engine.sampling import CFG_SCHEDULES, OFFICIAL
+    from .engine.sampling import CFG_SCHEDULES, OFFICIAL, RNG_MODES
     rec = "the checkpoint's recommended value, else the official"
     g.add_argument("--num-iter", type=int, help=f"MAR decoding steps (default: {rec} {OFFICIAL['num_iter']})")
     g.add_argument("--cfg", type=float, help=f"classifier-free guidance scale (default: {rec} {OFFICIAL['cfg']})")
@@ -41,7 +43,7 @@ def _add_sampling_flags(p: argparse.ArgumentParser) -> None:
                    help=f"diffusion sampling temperature (default: {rec} {OFFICIAL['temperature']})")
     g.add_argument("--num-sampling-steps", help="diffusion steps of the head (default: the model's)")
     g.add_argument("--batch-size", type=int, default=64, help="images per forward batch (default: 64)")
-    g.add_argument("--rng", default="own", choices=["own", "official"], help="random-number layout")
+    g.add_argument("--rng", default="own", choices=list(RNG_MODES), help="random-number layout")
 
 
 def build_model(args):
@@ -557,12 +559,8 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
-def _expected_errors() -> tuple:
-    from .store.writer import WriteError
-    return ValueError, FileNotFoundError, WriteError  # DeviceError, MissingVariableError are ValueErrors
-
-
-EXPECTED_ERRORS = _expected_errors()
+# bad input or a failed write (DeviceError and MissingVariableError are ValueErrors); anything else is a bug
+EXPECTED_ERRORS = (ValueError, FileNotFoundError, WriteError)
 
 
 def _name_flags(message: str, args) -> str:

@@ -16,9 +16,8 @@ from collections.abc import Callable
 import torch
 
 from .. import vocab
-from ..vocab import STACK_PREFIX
 
-STACKS = {STACK_PREFIX[s]: f"{s}_blocks" for s in vocab.STACKS}  # {"enc": "encoder_blocks", "dec": ...}
+STACKS = {vocab.STACK_PREFIX[s]: f"{s}_blocks" for s in vocab.STACKS}  # {"enc": "encoder_blocks", "dec": ...}
 QUANTITIES = ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_out", "hook_mlp_out", "hook_resid_mid",
               "hook_resid_post")
 # official (timm Block) fallbacks: quantity -> (module path inside the block, transform kind)

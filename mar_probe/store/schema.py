@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..vocab import BRANCHES, PREFIXES as STACK_PREFIX  # ("enc", "dec")
+from ..vocab import BRANCHES, PREFIXES  # PREFIXES: ("enc", "dec")
 
 if TYPE_CHECKING:
     from .spec import SelectionSpec
@@ -124,7 +124,7 @@ def stack_used(spec: SelectionSpec, stack: str) -> bool:
 
 def _resolve_layers(spec: SelectionSpec, dims: ModelDims) -> dict:
     layers = {}
-    for s in STACK_PREFIX:
+    for s in PREFIXES:
         depth = getattr(dims, s).depth
         used = stack_used(spec, s)
         chosen = spec.layers if spec.layers is not None else tuple(range(depth))
@@ -138,7 +138,7 @@ def _dim_names(layers: dict, dims: ModelDims) -> dict:
     """Per-stack dimension names: shared when both stacks agree, stack-prefixed otherwise."""
     same = {"layer": layers["enc"] == layers["dec"], "head": dims.enc.heads == dims.dec.heads,
             "d_head": dims.enc.d_head == dims.dec.d_head, "d_model": dims.enc.d_model == dims.dec.d_model}
-    return {s: {k: (k if ok else f"{s}_{k}") for k, ok in same.items()} for s in STACK_PREFIX}
+    return {s: {k: (k if ok else f"{s}_{k}") for k, ok in same.items()} for s in PREFIXES}
 
 
 def resolve(spec: SelectionSpec, model_or_dims, *, num_samples: int, num_iter: int, cfg: float,
@@ -216,7 +216,7 @@ def _activation_dims(name: str, dims: ModelDims, names: dict) -> list[tuple[str,
 
 def _variables(spec, dims: ModelDims, layers: dict, sizes: dict, images) -> dict:
     names = _dim_names(layers, dims)
-    for s in STACK_PREFIX:
+    for s in PREFIXES:
         sizes[names[s]["layer"]] = len(layers[s])
     out = {}
     dtype, fill, attrs = _activation_dtype(spec)
@@ -224,7 +224,7 @@ def _variables(spec, dims: ModelDims, layers: dict, sizes: dict, images) -> dict
         rest = [(d, n if n is not None else sizes[d]) for d, n in _activation_dims(v, dims, names)]
         out[v] = _var(v, ["sample", "step"] + [d for d, _ in rest], sizes, [n for _, n in rest], dtype, fill,
                       True, attrs)
-    for s in STACK_PREFIX:
+    for s in PREFIXES:
         if stack_used(spec, s):
             name = f"{s}_computed"
             out[name] = _var(name, ["sample", "step", "branch", names[s]["layer"], "token"], sizes, [dims.tokens],
@@ -296,7 +296,7 @@ def coordinates(layout: RunLayout, labels, seeds) -> dict:
               "step": ("step", np.asarray(layout.steps, dtype=np.int64)),
               "branch": ("branch", np.array(layout.branches, dtype=object)),
               "token": ("token", seq), "row": ("token", row), "col": ("token", col)}
-    for s in STACK_PREFIX:
+    for s in PREFIXES:
         name = "layer" if layout.layers["enc"] == layout.layers["dec"] else f"{s}_layer"
         coords[name] = (name, np.asarray(layout.layers[s], dtype=np.int64))
     return coords
