@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 
 from ._config import checked_fields
 from .engine.sampling import SamplingConfig
+from .launch import Ranks, gather
 from .machine import machine
 from .quality.paired import paired_fidelity, summarize
 
@@ -280,12 +281,15 @@ class CompareResult:
 
 
 def compare(model, config: CompareConfig, vae=None, progress: bool = True, partial=None,
-            resume: bool = False) -> CompareResult:
+            resume: bool = False, ranks: Ranks | None = None) -> CompareResult:
     """Run every strategy of ``config`` on every seed (strategies interleaved per seed, so that a busy machine
     slows all alike) and judge them against ``full`` (see the module docstring).
 
     With ``partial`` (a folder), every finished (strategy, seed) run is saved there as it completes (see
-    :class:`PartialRuns`); with ``resume`` the runs already there are loaded instead of run again."""
+    :class:`PartialRuns`); with ``resume`` the runs already there are loaded instead of run again.
+    Under torchrun (``ranks``, the process group joined: :mod:`mar_probe.launch`) the seeds are spread over the
+    ranks, every strategy of a seed on the same rank, and the runs are gathered: every rank returns the same
+    result."""
     from .probe.record import image_shape, weights_sha256
     config = config.resolved(model)  # results and the resume stamp hold the settings actually used
     if image_shape(model, vae) == (28, 28, 1) and config.num_samples < 2:  # checked before anything is sampled
@@ -293,22 +297,24 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
                          f"of classifier features), got {config.num_samples!r}")
     labels = config.label_array(model.num_classes)
     sha = weights_sha256(model)
-    saved = PartialRuns(partial, config, sha, resume) if partial is not None else None
-    runs: dict[str, list[SeedRun]] = {r.label: [] for r in config.runs}
+    saved = _partial_runs(partial, config, sha, resume, ranks)
     jobs = [(seed, r) for seed in config.seeds for r in config.runs]
+    done: dict[tuple[str, int], SeedRun] = {}
     try:
-        for seed, r in tqdm(jobs, desc="compare", disable=not progress):
+        for seed, r in tqdm(_rank_jobs(jobs, config.seeds, ranks), desc="compare", disable=not progress):
             got = saved.load(r.label, seed) if saved is not None else None
             if got is None:
                 got = run_strategy(model, r, labels, seed, config, vae)
                 if saved is not None:
                     saved.save(r.label, got)
-            runs[r.label].append(got)
+            done[r.label, seed] = got
     except KeyboardInterrupt:
-        finished = sum(len(v) for v in runs.values())
         where = (f" are saved in {str(saved.folder)!r}: rerun with --resume to continue" if saved is not None
                  else " were not saved (no partial folder)")
-        raise CompareInterrupted(f"interrupted; {finished} of {len(jobs)} (strategy, seed) runs{where}") from None
+        raise CompareInterrupted(f"interrupted; {len(done)} of {len(jobs)} (strategy, seed) runs{where}") from None
+    if ranks is not None:  # every rank gets every run, so each can judge; only rank 0 writes (the CLI)
+        done = {k: v for part in gather(done) for k, v in part.items()}
+    runs = {r.label: [done[r.label, seed] for seed in config.seeds] for r in config.runs}
     judge = QualityJudge.for_images(runs["full"][0].images, config)
     fid = {label: [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(seeds, runs["full"])]
            for label, seeds in runs.items()}
@@ -320,6 +326,36 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
     results = {"format": FORMAT, "version": VERSION, "settings": config.to_dict(), "machine": machine(),
                "model": model.config.name, "weights_sha256": sha, "strategies": strategies}
     return CompareResult(results, runs)
+
+
+def _rank_jobs(jobs: list, seeds, ranks: Ranks | None) -> list:
+    """This rank's (seed, run) jobs: seed ``k`` of ``seeds`` goes to rank ``k mod WORLD_SIZE``. All strategies of
+    a seed run on one rank, so that each per-seed speed ratio compares runs of one process on one device."""
+    if ranks is None:
+        return jobs
+    mine = {seed for k, seed in enumerate(seeds) if k % ranks.world_size == ranks.rank}
+    return [(seed, r) for seed, r in jobs if seed in mine]
+
+
+def _partial_runs(partial, config, sha: str, resume: bool, ranks: Ranks | None) -> PartialRuns | None:
+    """The partial-runs folder; under torchrun rank 0 prepares it (and empties it, without ``resume``) while the
+    others wait, then they check its stamp."""
+    if partial is None:
+        return None
+    if ranks is None:
+        return PartialRuns(partial, config, sha, resume)
+    saved, error = None, None
+    if ranks.rank == 0:
+        try:
+            saved = PartialRuns(partial, config, sha, resume)
+        except (ValueError, OSError) as exc:
+            error = exc
+    first = gather(None if error is None else f"{type(error).__name__}: {error}")[0]
+    if error is not None:
+        raise error
+    if first is not None:
+        raise ValueError(f"rank 0 could not prepare {str(partial)!r}: {first}")
+    return saved if saved is not None else PartialRuns(partial, config, sha, resume=True)
 
 
 def write_results(result: CompareResult, out) -> Path:

@@ -33,7 +33,8 @@ class StudyConfig:
     Parameters
     ----------
     out : str
-        Output folder: ``seed{S}.zarr`` stores, ``grid.png``, ``figures/``, ``summary.txt``/``.json``, ``study.json``.
+        Output folder or fsspec URL: ``seed{S}.zarr`` stores, ``grid.png``, ``figures/``, ``summary.txt``/``.json``,
+        ``study.json``.
     samples_per_seed : int
         Images per seed; sample i of the j-th seed has class ``(j * samples_per_seed + i) % num_classes``.
     seeds : tuple of int
@@ -101,8 +102,9 @@ class StudyConfig:
 
 @dataclass
 class StudyResult:
-    """What :func:`run_study` wrote, its summary table and the seconds each stage took."""
-    out: Path
+    """What :func:`run_study` wrote, its summary table and the seconds each stage took (``out``: a folder, or the
+    URL the study was written to; ``figures`` name the files as written before an upload)."""
+    out: Path | str
     stores: list
     figures: dict
     skipped: dict
@@ -111,18 +113,20 @@ class StudyResult:
     seconds: dict
 
 
-def _record_all(model, config: StudyConfig, out: Path, checkpoint, progress: bool) -> list[Path]:
-    """One store per seed; a complete store of the same settings is reused (``record``'s resume)."""
+def _record_all(model, config: StudyConfig, checkpoint, progress: bool) -> list:
+    """One store per seed under ``config.out`` (a folder or a URL); a complete store of the same settings is
+    reused (``record``'s resume)."""
     from .probe.record import record
+    from .store.location import StoreLocation, join
     from .store.spec import SelectionSpec
     spec = SelectionSpec(variables=config.variables, branches=config.branches)
     stores = []
     for j, seed in enumerate(config.seeds):
-        path = out / f"seed{seed}.zarr"
-        record(model, config.labels(j, model.num_classes), path, spec, sampling=config.sampling, seed=seed,
-               batch_size=config.samples_per_seed, checkpoint=checkpoint, resume=path.exists() and not config.overwrite,
-               overwrite=config.overwrite, progress=progress)
-        stores.append(path)
+        path = StoreLocation.of(join(config.out, f"seed{seed}.zarr"))
+        res = record(model, config.labels(j, model.num_classes), path, spec, sampling=config.sampling, seed=seed,
+                     batch_size=config.samples_per_seed, checkpoint=checkpoint,
+                     resume=path.exists() and not config.overwrite, overwrite=config.overwrite, progress=progress)
+        stores.append(path.local_path if path.is_local else res.path.url)
     return stores
 
 
@@ -165,17 +169,19 @@ def run_study(config: StudyConfig | None = None, model=None, *, checkpoint=None,
     config = config or StudyConfig()
     if model is None:
         model, checkpoint = load_model(), checkpoint or DEFAULT_CHECKPOINT
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    from .store.location import StoreLocation, output_folder
     seconds, t0 = {}, time.perf_counter()
-    stores = _record_all(model, config, out, checkpoint, progress)
+    stores = _record_all(model, config, checkpoint, progress)
     seconds["record"], t0 = time.perf_counter() - t0, time.perf_counter()
     ds = open_runs(stores)
-    _write_grid(ds, out / "grid.png")
-    written, skipped = write_figures(ds, out / "figures", formats=config.formats, progress=progress)
-    seconds["figures"], t0 = time.perf_counter() - t0, time.perf_counter()
-    table, summary_skipped = _write_summary(ds, config, out)
-    seconds["summary"] = time.perf_counter() - t0
-    (out / "study.json").write_text(json.dumps({"config": config.to_dict(), "stores": [str(s) for s in stores],
-                                                "seconds": seconds}, indent=2))
-    return StudyResult(out, stores, written, skipped, table, summary_skipped, seconds)
+    with output_folder(config.out) as out:  # a URL: written here, uploaded at the end (store/location.py)
+        _write_grid(ds, out / "grid.png")
+        written, skipped = write_figures(ds, out / "figures", formats=config.formats, progress=progress)
+        seconds["figures"], t0 = time.perf_counter() - t0, time.perf_counter()
+        table, summary_skipped = _write_summary(ds, config, out)
+        seconds["summary"] = time.perf_counter() - t0
+        (out / "study.json").write_text(json.dumps({"config": config.to_dict(), "stores": [str(s) for s in stores],
+                                                    "seconds": seconds}, indent=2))
+    where = StoreLocation.of(config.out)
+    return StudyResult(where.local_path if where.is_local else where.url, stores, written, skipped, table,
+                       summary_skipped, seconds)

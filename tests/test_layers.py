@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mar_probe"
 
 # lowest first; a part may import parts of its own layer or below, never above
 LAYERS = (
-    ("_config", "_io", "_version", "machine", "vocab"),
+    ("_config", "_io", "_version", "launch", "machine", "vocab"),
     ("data", "models", "hooks"),
     ("engine", "store"),
     ("strategies",),

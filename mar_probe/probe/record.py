@@ -28,8 +28,10 @@ from ..engine.sampling import SamplingConfig, head_steps_applied, sampling_confi
 from ..engine.loop import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
-from ..store.writer import (StoreExistsError, StoreWriter, WriteError, check_writer_settings, compressors,
-                            create_store, describe_os_error, read_flags)
+from ..launch import Ranks, check_shard, gather
+from ..store.location import StoreLocation
+from ..store.writer import (CREATING_ATTR, StoreExistsError, StoreWriter, WriteError, check_writer_settings,
+                            compressors, create_store, describe_os_error, read_flags)
 from .probe import Probe
 from ..store.spec import SelectionSpec
 
@@ -39,8 +41,8 @@ IDENTITY_KEYS = ("schema_version", "model_config", "weights_sha256", "sampling",
 
 @dataclass
 class RecordResult:
-    """What :func:`record` did: store path, samples written and skipped, logical bytes and timings."""
-    path: Path
+    """What :func:`record` did: store location, samples written and skipped, logical bytes and timings."""
+    path: StoreLocation
     samples_written: int
     samples_skipped: int
     bytes_logical: int
@@ -157,22 +159,59 @@ def _units(layout: RunLayout, batch_size: int, shard) -> list[list[int]]:
     return units if shard is None else units[shard[0]::shard[1]]
 
 
-def _prepare_store(out: Path, layout, attrs, labels, seeds, *, resume, overwrite, shard,
+def _prepare_store(out: StoreLocation, layout, attrs, labels, seeds, *, resume, overwrite, shard,
                    compression: str) -> None:
-    """Create the store (atomically: build in a temporary folder, then rename) or check an existing one."""
+    """Create the store, or check that an existing one was written with the same settings."""
     if resume and overwrite:
         raise ValueError("give --resume or --overwrite, not both")
     if shard is not None and overwrite:
         raise ValueError("--overwrite cannot be combined with --shard (shards would delete each other's data); "
                          "remove the store first, or create it with one unsharded call")
-    if out.exists() and (resume or shard is not None):
+    out.check_reachable()  # an unreachable endpoint or missing credentials: named before any sampling
+    exists = out.exists()
+    if exists and not out.is_local and _being_created(out, wait=shard is not None):
+        if shard is not None:
+            raise ValueError(f"store {str(out)!r} has been under creation for over {CREATION_WAIT_S:g} s (its "
+                             "creator was killed?): run one process with --resume to recreate it, then the shards")
+        if not resume:
+            raise StoreExistsError(f"store {str(out)!r} is an unfinished creation; pass --resume to recreate it")
+        out.remove()  # a creation killed half-way holds no data: start it again
+        exists = False
+    if exists and (resume or shard is not None):
         check_identity(out, attrs)
         return
     if resume:  # a run killed before its store was committed left none: resuming it means starting it
         print(f"store {str(out)!r} does not exist yet: starting it", file=sys.stderr)
-    if out.exists() and not overwrite:
+    if exists and not overwrite:
         raise StoreExistsError(f"store {str(out)!r} already exists; pass --resume to complete it or --overwrite "
                               "to replace it")
+    if out.is_local:
+        _create_local(out.local_path, layout, attrs, labels, seeds, overwrite=overwrite, compression=compression)
+    else:  # object stores have no rename: built in place under the creation marker (store/location.py)
+        create_store(out, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=overwrite,
+                     compression=compression)
+
+
+#: How long a shard waits for another process to finish creating a remote store.
+CREATION_WAIT_S = 60.0
+
+
+def _being_created(out: StoreLocation, *, wait: bool) -> bool:
+    """Whether the root attributes still lack ``schema_version`` (a creation under way or killed); with ``wait``,
+    give a creator that is still at work up to :data:`CREATION_WAIT_S` to finish."""
+    deadline = time.monotonic() + (CREATION_WAIT_S if wait else 0)
+    while True:
+        text = out.read_text("zarr.json")
+        attrs = json.loads(text).get("attributes", {}) if text else {}
+        if "schema_version" in attrs or (text and CREATING_ATTR not in attrs and attrs):
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(1.0)
+
+
+def _create_local(out: Path, layout, attrs, labels, seeds, *, overwrite: bool, compression: str) -> None:
+    """Create a local store atomically: build it in a temporary folder, then rename it into place."""
     remove_stale_temporaries(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
@@ -252,7 +291,8 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, sampling: S
            temperature: float | None = None, head_steps: str | None = None, rng: str | None = None, batch_size: int = 1,
            strategy=None, vae=None, checkpoint=None, resume: bool = False,
            overwrite: bool = False, repair: bool = False, shard=None, queue_size: int = 8, writer_threads: int = 4,
-           compression: str = "lz4", steps_per_chunk: int | None = None, progress: bool = False) -> RecordResult:
+           compression: str = "lz4", steps_per_chunk: int | None = None, progress: bool = False,
+           ranks: Ranks | None = None) -> RecordResult:
     """Sample ``labels`` with the probe attached and write the selected variables into a zarr run store.
 
     Parameters
@@ -261,8 +301,8 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, sampling: S
         A model in eval mode.
     labels : array-like of int
         One class label per sample (the store's ``sample`` axis before ``spec.samples`` selection).
-    out : str or Path
-        The store folder (``run.zarr``).
+    out : str, Path or StoreLocation
+        The store: a folder (``run.zarr``) or an fsspec URL (``s3://bucket/run.zarr``, ``memory://run.zarr``).
     spec : SelectionSpec, optional
         What to record (default: :data:`~mar_probe.store.spec.DEFAULT_VARIABLES` of every layer and step).
     seed : int
@@ -300,6 +340,11 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, sampling: S
         :func:`~mar_probe.store.schema.auto_steps_per_chunk`; a resumed or shared store keeps its own).
     progress : bool
         Show a progress bar (steps/s and bytes written).
+    ranks : Ranks, optional
+        This process's place in a torchrun launch (:meth:`mar_probe.launch.Ranks.from_env`; the process group
+        joined, see :func:`mar_probe.launch.process_group`): every rank must call with the same settings (refused
+        otherwise, before anything is written); rank 0 creates the store while the others wait; each rank writes
+        ``shard`` ``RANK/WORLD_SIZE`` (a ``shard`` given beside it must be that one).
 
     Returns
     -------
@@ -311,22 +356,62 @@ def record(model, labels, out, spec: SelectionSpec | None = None, *, sampling: S
     check_writer_settings(queue_size, writer_threads)
     if repair and not resume:
         raise ValueError("--repair re-records the damaged samples of an existing store: give it with --resume")
+    shard = check_shard(ranks, parse_shard(shard))
     with head_steps_applied(model, st.head_steps):  # the plan's size estimate and the run see the same head
         plan = _plan(model, labels, out, spec, sampling=st, seed=seed, batch_size=batch_size, strategy=strategy,
                      vae=vae, checkpoint=checkpoint, shard=shard, steps_per_chunk=steps_per_chunk)
-        _prepare_store(plan.out, plan.layout, plan.attrs, plan.labels, plan.seeds, resume=resume,
-                       overwrite=overwrite, shard=plan.shard, compression=compression)
-        if repair:
-            _mark_damage(plan.out)
-        elif resume:
-            _warn_damage(plan.out)
+        if ranks is None or ranks.world_size == 1:
+            _prepare(plan, resume=resume, overwrite=overwrite, repair=repair, compression=compression,
+                     shard=plan.shard)
+        else:
+            _prepare_ranks(plan, ranks, resume=resume, overwrite=overwrite, repair=repair, compression=compression,
+                           steps_per_chunk=steps_per_chunk)
         return _run(model, plan, vae=vae, queue_size=queue_size, threads=writer_threads, progress=progress)
+
+
+def _prepare(plan: RecordPlan, *, resume, overwrite, repair, compression, shard) -> None:
+    """Create or check the store as a process writing ``shard`` (None: all); then find damage (``--repair``) or
+    warn about it (``--resume``)."""
+    _prepare_store(plan.out, plan.layout, plan.attrs, plan.labels, plan.seeds, resume=resume, overwrite=overwrite,
+                   shard=shard, compression=compression)
+    if repair:
+        _mark_damage(plan.out)
+    elif resume:
+        _warn_damage(plan.out)
+
+
+def _prepare_ranks(plan: RecordPlan, ranks: Ranks, *, resume, overwrite, repair, compression,
+                   steps_per_chunk) -> None:
+    """torchrun: the ranks' settings must agree; rank 0 creates (or checks, or repairs) the store as one unsharded
+    process would, while the others wait; then every rank checks the store it will write into."""
+    mine = {**{k: _norm(plan.attrs.get(k)) for k in IDENTITY_KEYS}, "out": str(plan.out),
+            "compression": compression, "steps_per_chunk": steps_per_chunk, "resume": resume, "overwrite": overwrite}
+    settings = gather(mine)
+    diff = sorted({k for other in settings for k in mine if other[k] != settings[0][k]})
+    if diff:
+        ranks_differ = [r for r, other in enumerate(settings) if any(other[k] != settings[0][k] for k in diff)]
+        raise ValueError(f"the torchrun ranks were started with different settings ({', '.join(diff)} of ranks "
+                         f"{ranks_differ!r} differ from rank 0's); nothing was written. Start every rank with the "
+                         "same command")
+    error = None
+    if ranks.rank == 0:
+        try:
+            _prepare(plan, resume=resume, overwrite=overwrite, repair=repair, compression=compression, shard=None)
+        except (ValueError, OSError) as exc:
+            error = exc
+    first = gather(None if error is None else f"{type(error).__name__}: {error}")[0]
+    if error is not None:
+        raise error
+    if first is not None:
+        raise ValueError(f"rank 0 could not prepare the store {str(plan.out)!r}: {first}")
+    if ranks.rank != 0:
+        check_identity(plan.out, plan.attrs)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RecordPlan:
     """What one :func:`record` call writes: the store's layout and attributes, the samples and how they are drawn."""
-    out: Path
+    out: StoreLocation
     layout: RunLayout
     attrs: dict               # the store's root attributes (run_attrs)
     labels: np.ndarray        # [num_samples] class labels
@@ -354,11 +439,12 @@ def _plan(model, labels, out, spec, *, sampling: SamplingConfig, seed, batch_siz
                   temperature=sampling.temperature, rng=sampling.rng, batch_size=batch_size,
                   num_sampling_steps=sampling.head_steps)
     attrs = run_attrs(model, spec, labels, seed, stored, strategy, checkpoint)
-    return RecordPlan(out=Path(out), layout=layout, attrs=attrs, labels=labels, seeds=sample_seeds(seed, len(labels)),
-                      strategy=strategy, sampling=sampling, batch_size=batch_size, shard=parse_shard(shard))
+    return RecordPlan(out=StoreLocation.of(out), layout=layout, attrs=attrs, labels=labels,
+                      seeds=sample_seeds(seed, len(labels)), strategy=strategy, sampling=sampling,
+                      batch_size=batch_size, shard=parse_shard(shard))
 
 
-def _mark_damage(out: Path) -> None:
+def _mark_damage(out: StoreLocation) -> None:
     """``--repair``: clear the flags of damaged samples so that this resumed run re-records them."""
     from ..store.integrity import mark_for_repair, verify
     report = verify(out)
@@ -368,7 +454,7 @@ def _mark_damage(out: Path) -> None:
               file=sys.stderr)
 
 
-def _warn_damage(out: Path) -> None:
+def _warn_damage(out: StoreLocation) -> None:
     """A resumed run without --repair says so when finished steps lost chunks (it would not redo them)."""
     from ..store.integrity import missing_chunks
     report = missing_chunks(out)

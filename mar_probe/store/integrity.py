@@ -16,14 +16,13 @@ equals an undamaged run.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import zarr
 
+from .location import StoreLocation
 FLAG_VARIABLES = ("done", "complete")
 
 
@@ -99,14 +98,9 @@ def _expected(var: _Var, done: np.ndarray, complete: np.ndarray):
             yield int(row), None, (int(row),) + rest
 
 
-def _listing(path: Path, name: str) -> set[str]:
+def _listing(path: StoreLocation, name: str) -> set[str]:
     """Chunk keys present under a variable's folder (flat keys and older nested ones alike)."""
-    base = path / name
-    keys = set()
-    for folder, _, files in os.walk(base):
-        rel = Path(folder).relative_to(base)
-        keys.update(str(rel / f) if str(rel) != "." else f for f in files if f != "zarr.json")
-    return keys
+    return {k for k in path.keys(name) if k != "zarr.json"}
 
 
 def _flags(root, report: list[Damage]) -> tuple[np.ndarray, np.ndarray]:
@@ -136,10 +130,11 @@ def _grid(arr) -> tuple[int, ...]:
     return tuple(-(-s // c) for s, c in zip(arr.shape, arr.chunks))
 
 
-def _open(path) -> tuple[Path, object]:
+def _open(path) -> tuple[StoreLocation, object]:
     from .reader import read_attrs
+    path = StoreLocation.of(path)
     read_attrs(path)  # a clear error when this is no run store
-    return Path(path), zarr.open_group(str(path), mode="r", use_consolidated=False)
+    return path, zarr.open_group(path.zarr_store(read_only=True), mode="r", use_consolidated=False)
 
 
 def missing_chunks(path) -> IntegrityReport:
@@ -196,7 +191,7 @@ def _report(path, damages, checked, decoded, done, complete, root) -> IntegrityR
 def mark_for_repair(path, report: IntegrityReport) -> list[int]:
     """Clear ``done`` of every step block and ``complete`` of every row that ``report`` found damaged, so that
     ``record --resume`` re-records those rows; returns the rows. Whole flag chunks are written, none is read."""
-    root = zarr.open_group(str(path), mode="r+", use_consolidated=False)
+    root = zarr.open_group(StoreLocation.of(path).zarr_store(), mode="r+", use_consolidated=False)
     done = root["done"]
     rows = sorted({d.row for d in report.damages})
     size, steps = done.chunks[1], done.shape[1]

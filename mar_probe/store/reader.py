@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 
 import numpy as np
 import zarr
 
+from .location import StoreLocation
 from .schema import READABLE_VERSIONS, SCHEMA_VERSION
+from .writer import CREATING_ATTR
 
 JSON_ATTRS = ("model_config", "selection", "sampling", "strategy", "versions")
 VARIABLE_ORDER = ("enc_computed", "dec_computed", "derived", "mask", "pred", "cfg", "done", "order", "tokens", "images",
@@ -27,18 +28,23 @@ class SchemaError(ValueError):
     """The path is not a mar_probe run store of a schema version this code reads."""
 
 
-def read_attrs(path: str | Path) -> dict:
-    """Root attributes of a run store, after checking that it is one of a readable schema version."""
-    path = Path(path)
+def read_attrs(path) -> dict:
+    """Root attributes of a run store (a folder or an fsspec URL), after checking that it is one of a readable
+    schema version."""
+    path = StoreLocation.of(path)
+    path.check_reachable()  # an unreachable endpoint is named within a timeout, not retried for minutes
     if not path.exists():
         raise FileNotFoundError(f"run store {str(path)!r} not found; expected a folder written by `mar-probe record`")
     _check_metadata(path)
     try:
-        attrs = dict(zarr.open_group(str(path), mode="r", use_consolidated=False).attrs)
+        attrs = dict(zarr.open_group(path.zarr_store(read_only=True), mode="r", use_consolidated=False).attrs)
     except Exception as exc:  # noqa: BLE001 - zarr raises several types for a non-store
         raise SchemaError(f"{str(path)!r} is not a zarr v3 group ({type(exc).__name__}: {exc}); expected a run "
                           "store written by `mar-probe record`") from exc
     version = attrs.get("schema_version")
+    if version is None and attrs.get(CREATING_ATTR):
+        raise SchemaError(f"run store {str(path)!r} is still being created, or its creation was killed (it has no "
+                          "'schema_version' yet); rerun the `mar-probe record` command with --resume to recreate it")
     if version is None:
         raise SchemaError(f"{str(path)!r} has no 'schema_version' attribute; expected a run store written by "
                           f"`mar-probe record` (schema version {SCHEMA_VERSION})")
@@ -49,13 +55,14 @@ def read_attrs(path: str | Path) -> dict:
     return attrs
 
 
-def _check_metadata(path: Path) -> None:
+def _check_metadata(path: StoreLocation) -> None:
     """Every ``zarr.json`` of the store parses: a truncated one is named instead of failing deep in zarr."""
-    for meta in [path / "zarr.json", *sorted(path.glob("*/zarr.json"))]:
-        if not meta.is_file():
-            continue
+    for key in path.metadata_keys():
+        meta = f"{path.url.rstrip('/')}/{key}"
         try:
-            json.loads(meta.read_text())
+            text = path.read_text(key)
+            if text is not None:
+                json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise SchemaError(f"run store {str(path)!r} is damaged: its metadata file {str(meta)!r} is not valid "
                               f"JSON ({exc}); metadata is written once when the store is created, so the store "
@@ -67,7 +74,7 @@ def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def open_run(path: str | Path, *, mask_incomplete: bool = True, warn: bool = True):
+def open_run(path, *, mask_incomplete: bool = True, warn: bool = True):
     """Open a run store as a lazy ``xarray.Dataset`` (dask-backed when dask is installed).
 
     bfloat16 variables are decoded to float32; JSON attributes (``model_config``, ``selection``, ...) are
@@ -77,8 +84,9 @@ def open_run(path: str | Path, *, mask_incomplete: bool = True, warn: bool = Tru
 
     Parameters
     ----------
-    path : str or Path
-        A store written by :func:`mar_probe.record` / ``mar-probe record``.
+    path : str, Path or StoreLocation
+        A store written by :func:`mar_probe.record` / ``mar-probe record``: a folder or an fsspec URL
+        (``s3://bucket/run.zarr``; credentials and endpoint as :mod:`mar_probe.store.location` says).
     mask_incomplete : bool
         Mask data of incomplete steps and samples with NaN (default True).
     warn : bool
@@ -90,13 +98,14 @@ def open_run(path: str | Path, *, mask_incomplete: bool = True, warn: bool = Tru
         When the path is not a run store or has another schema version.
     """
     import xarray as xr
+    path = StoreLocation.of(path)
     read_attrs(path)  # raises SchemaError unless a run store of a readable version
     try:
         import dask  # noqa: F401
         chunks = {}
     except ImportError:
         chunks = None
-    ds = xr.open_zarr(str(path), consolidated=False, chunks=chunks, mask_and_scale=False)
+    ds = xr.open_zarr(path.zarr_store(read_only=True), consolidated=False, chunks=chunks, mask_and_scale=False)
     if chunks is not None:
         ds = _checked_reads(ds, path)
     for name in list(ds.data_vars):
@@ -133,7 +142,7 @@ class _CheckedChunks:
 def _checked_reads(ds, path):
     """Re-back every dask variable by :class:`_CheckedChunks` with the same chunks."""
     import dask.array as da
-    root = zarr.open_group(str(path), mode="r", use_consolidated=False)
+    root = zarr.open_group(path.zarr_store(read_only=True), mode="r", use_consolidated=False)
     for name in list(ds.data_vars):
         data = ds[name].data
         if hasattr(data, "dask") and data.ndim:

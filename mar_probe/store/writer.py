@@ -17,18 +17,18 @@ import asyncio
 import errno
 import json
 import queue
-import shutil
 import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import zarr
+import zarr.core.sync
 from zarr.codecs import BloscCodec, Crc32cCodec
 
+from .location import StoreLocation
 from .schema import RunLayout, coordinates
 
 _STOP = object()
@@ -58,36 +58,43 @@ class StoreExistsError(FileExistsError, ValueError):
     """The store exists and neither resuming nor overwriting was asked for."""
 
 
-def create_store(path: str | Path, layout: RunLayout, *, labels, seeds, attrs: dict, overwrite: bool = False,
-                 compression: str = "lz4"):
-    """Create the store at ``path`` with every array, coordinate and attribute, and no data.
+#: Root attribute of a store whose creation is under way (object stores build it in place: issue 16).
+CREATING_ATTR = "mar_probe_creating"
 
-    ``compression`` names the codec of the data variables (see :func:`compressors`).
+
+def create_store(path, layout: RunLayout, *, labels, seeds, attrs: dict, overwrite: bool = False,
+                 compression: str = "lz4"):
+    """Create the store at ``path`` (a folder or an fsspec URL) with every array, coordinate and attribute, and no
+    data; returns its :class:`~mar_probe.store.location.StoreLocation`.
+
+    ``compression`` names the codec of the data variables (see :func:`compressors`). The root attributes are
+    written last: until then they hold only :data:`CREATING_ATTR`, so a creation killed half-way is recognised
+    (readers see no ``schema_version``) wherever the store lives.
 
     Raises
     ------
     StoreExistsError
         When ``path`` exists and ``overwrite`` is False.
     """
-    path, codecs = Path(path), compressors(compression)
-    if path.exists():
+    loc, codecs = StoreLocation.of(path), compressors(compression)
+    if loc.exists():
         if not overwrite:
-            raise StoreExistsError(f"store {str(path)!r} already exists; pass --resume to complete it or "
+            raise StoreExistsError(f"store {str(loc)!r} already exists; pass --resume to complete it or "
                                   "--overwrite to replace it")
-        shutil.rmtree(path)
+        loc.remove()
     coords = coordinates(layout, labels, seeds)
-    root = zarr.open_group(str(path), mode="w-", zarr_format=3)
-    extra = {"coordinates": " ".join(k for k, (d, _) in coords.items() if k != d)}
-    root.attrs.update({**{k: _jsonable(v) for k, v in attrs.items()}, **extra})
+    root = zarr.open_group(loc.zarr_store(), mode="w-", zarr_format=3, attributes={CREATING_ATTR: True})
     for name, (dim, values) in coords.items():
         _create(root, name, np.asarray(values).shape, np.asarray(values).shape, values.dtype, _coord_fill(values),
                 (dim,), {}, codecs).__setitem__(Ellipsis, values)
     for v in layout.variables.values():
         _create(root, v.name, v.shape, v.chunks, v.dtype, v.fill, v.dims, v.attrs, codecs)
+    extra = {"coordinates": " ".join(k for k, (d, _) in coords.items() if k != d)}
+    root.attrs.put({**{k: _jsonable(v) for k, v in attrs.items()}, **extra})  # replaces the marker: one write
     with warnings.catch_warnings():  # metadata never changes after creation, so consolidating is safe
         warnings.simplefilter("ignore")
-        zarr.consolidate_metadata(str(path))
-    return path
+        zarr.consolidate_metadata(loc.zarr_store())
+    return loc
 
 
 def _coord_fill(values):
@@ -138,8 +145,8 @@ class StoreWriter:
 
     Parameters
     ----------
-    path : str or Path
-        A store made by :func:`create_store`.
+    path : str, Path or StoreLocation
+        A store made by :func:`create_store` (a folder or an fsspec URL).
     layout : RunLayout
         The layout the store was created with.
     queue_size : int
@@ -150,8 +157,9 @@ class StoreWriter:
 
     def __init__(self, path, layout: RunLayout, *, queue_size: int = 8, threads: int = 4):
         check_writer_settings(queue_size, threads)
-        self.path, self.layout, self.threads = Path(path), layout, threads
-        root = zarr.open_group(str(self.path), mode="r+", use_consolidated=False)
+        self.location, self.layout, self.threads = StoreLocation.of(path), layout, threads
+        self.path = self.location.url
+        root = zarr.open_group(self.location.zarr_store(), mode="r+", use_consolidated=False)
         # every chunk is written once, whole: skip zarr's per-chunk check whether it holds only fill values
         self._arrays = {name: root[name].async_array.with_config({"write_empty_chunks": True})
                         for name in layout.variables}
@@ -197,6 +205,9 @@ class StoreWriter:
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         loop.set_default_executor(ThreadPoolExecutor(self.threads, thread_name_prefix="mar-probe-chunks"))
+        # a remote store's client session belongs to zarr's event loop (where the store was opened): its writes
+        # run there; local chunks are compressed and written on this thread's loop and its ``threads`` workers
+        run = loop.run_until_complete if self.location.is_local else zarr.core.sync.sync
         try:
             stop = False
             while not stop:
@@ -205,7 +216,7 @@ class StoreWriter:
                     items.append(("flush", None))  # the blocks still open: an interrupted run keeps its steps
                 if items and self._error is None:  # after an error: drain, so the producer never blocks
                     try:
-                        loop.run_until_complete(self._write_batch(items))
+                        run(self._write_batch(items))
                     except BaseException as exc:  # noqa: BLE001 - reported to the sampling thread
                         self._error = exc
         finally:
@@ -339,7 +350,7 @@ def read_flags(path) -> tuple[np.ndarray, np.ndarray]:
     StoreDamagedError
         When a flag chunk cannot be decoded.
     """
-    root = zarr.open_group(str(path), mode="r", use_consolidated=False)
+    root = zarr.open_group(StoreLocation.of(path).zarr_store(read_only=True), mode="r", use_consolidated=False)
     try:
         return np.asarray(root["done"][...]), np.asarray(root["complete"][...])
     except (RuntimeError, ValueError) as exc:  # blosc, checksum and codec failures
