@@ -55,10 +55,14 @@ class Ranks:
         return self.rank, self.world_size
 
     def device(self, requested: str | None) -> str:
-        """``cuda:LOCAL_RANK`` for ``cuda`` (or nothing requested, when CUDA is there), else what was asked."""
+        """This rank's GPU for ``cuda`` (or nothing requested, when CUDA is there), else what was asked.
+
+        The GPU is ``cuda:LOCAL_RANK``; with more ranks on a node than GPUs (e.g. 2 ranks on 1 GPU) ranks share
+        them, ``cuda:(LOCAL_RANK mod the GPU count)``."""
         import torch
         if requested in (None, "cuda") and (requested == "cuda" or torch.cuda.is_available()):
-            return f"cuda:{self.local_rank}"
+            count = torch.cuda.device_count()
+            return f"cuda:{self.local_rank % count if count else self.local_rank}"
         return requested or "cpu"
 
 
@@ -79,8 +83,11 @@ def process_group(ranks: Ranks | None, device: str = "cpu"):
     if ranks is None or ranks.world_size == 1:
         yield
         return
+    import torch
     import torch.distributed as dist
-    backend = "nccl" if str(device).startswith("cuda") else "gloo"
+    backend = _backend(device)
+    if backend == "nccl":
+        torch.cuda.set_device(torch.device(device))  # nccl's object collectives run on the current device
     if not dist.is_initialized():  # the timeout bounds the wait at a collective: compare's gather waits for the
         # slowest rank's runs, so it is hours, not torch's default 30 minutes; a dead rank is noticed by torchrun
         dist.init_process_group(backend, rank=ranks.rank, world_size=ranks.world_size,
@@ -89,6 +96,17 @@ def process_group(ranks: Ranks | None, device: str = "cpu"):
         yield
     finally:
         dist.destroy_process_group()
+
+
+def _backend(device) -> str:
+    """nccl when every rank of the node has a GPU of its own; gloo on CPU, and where ranks share a GPU (nccl
+    refuses two ranks on one device; the collectives here carry a few small Python objects, so gloo costs
+    nothing)."""
+    import torch
+    if not str(device).startswith("cuda"):
+        return "gloo"
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return "nccl" if torch.cuda.device_count() >= local_world else "gloo"
 
 
 def gather(obj) -> list:

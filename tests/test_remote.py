@@ -168,3 +168,34 @@ def test_location_names_bad_values():
         _ = StoreLocation.of("s3://b/x").local_path
     with pytest.raises(StoreUnreachableError, match="protocol 'nosuchproto'"):
         StoreLocation.of("nosuchproto://x/y").check_reachable()
+
+
+def test_concurrent_shards_into_s3_equal_the_local_store(s3, ref_store, tmp_path):
+    """Two hand-run shards started together: one creates the store in place, the other waits for it."""
+    url = f"s3://{BUCKET}/shards.zarr"
+    procs = []
+    for i in range(2):
+        cmd, env = _record_cli(url, "--shard", f"{i}/2")
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    _assert_same_store(url, ref_store)
+
+
+def test_study_into_s3_writes_stores_figures_and_summary_there(s3):
+    from mar_probe.cli import main
+    url = f"s3://{BUCKET}/study"
+    argv = ["study", "--model", "mar_tiny", "--num-iter", "4", "--samples-per-seed", "2", "--seeds", "0,3",
+            "--out", url]
+    assert main(argv) == 0
+    import s3fs
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    for name in ("grid.png", "summary.txt", "summary.json", "study.json", "figures/index.html",
+                 "figures/lazymar_fig1.png", "seed0.zarr/zarr.json", "seed3.zarr/zarr.json"):
+        assert fs.size(f"{BUCKET}/study/{name}") > 0, name
+    summary = json.loads(fs.cat_file(f"{BUCKET}/study/summary.json"))
+    assert summary["settings"]["samples"] == 4
+    assert open_run(f"{url}/seed3.zarr").attrs["seed"] == 3
+    assert main(argv) == 0  # complete stores are reused on the object store too

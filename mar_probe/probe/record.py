@@ -188,8 +188,22 @@ def _prepare_store(out: StoreLocation, layout, attrs, labels, seeds, *, resume, 
     if out.is_local:
         _create_local(out.local_path, layout, attrs, labels, seeds, overwrite=overwrite, compression=compression)
     else:  # object stores have no rename: built in place under the creation marker (store/location.py)
+        _create_remote(out, layout, attrs, labels, seeds, overwrite=overwrite, shard=shard, compression=compression)
+
+
+def _create_remote(out: StoreLocation, layout, attrs, labels, seeds, *, overwrite, shard, compression) -> None:
+    """Create a remote store in place; a shard that finds another process creating it waits and checks it."""
+    import zarr.errors
+    try:
         create_store(out, layout, labels=labels, seeds=seeds, attrs=attrs, overwrite=overwrite,
                      compression=compression)
+    except (FileExistsError, zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError):  # zarr raises each
+        if shard is None:
+            raise
+        if _being_created(out, wait=True):  # another shard's creation under way: wait for it, as locally
+            raise ValueError(f"store {str(out)!r} has been under creation for over {CREATION_WAIT_S:g} s (its "
+                             "creator was killed?): run one process with --resume to recreate it") from None
+        check_identity(out, attrs)
 
 
 #: How long a shard waits for another process to finish creating a remote store.
