@@ -37,7 +37,7 @@ import torch
 
 from common import write_result
 from mar_probe import create_model, load_model, sample
-from mar_probe.models.checkpoints import DEFAULT_CHECKPOINT
+from mar_probe.models.checkpoints import DEFAULT_CHECKPOINT, resolve_device
 from mar_probe.probe import ACTIVATIONS, Probe, SelectionSpec, record
 from mar_probe.probe.record import sample_seeds
 
@@ -258,10 +258,14 @@ def main(argv=None):
     p.add_argument("--codec-steps", type=int, default=16,
                    help="steps of the in-memory records written once per codec (0: skip; mar_base: at most 2)")
     p.add_argument("--raw-mib", type=int, default=1024)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="torch device of the models: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--out", default="record", help="result name: results/<out>.json")
     p.add_argument("--tiny", action="store_true", help="smoke run: mar_tiny, 4 steps, 64 MiB raw")
     a = p.parse_args(argv)
+    try:
+        a.device = str(resolve_device(a.device))                    # a clear error, before any model is built
+    except ValueError as exc:
+        p.error(f"--device: {exc}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     if a.tiny:
         a.full_samples, a.num_samples, a.base_samples, a.num_iter, a.raw_mib, a.rounds, a.base_rounds = \

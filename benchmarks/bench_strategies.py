@@ -13,6 +13,7 @@ to end, ``marche`` >= 1.6x on the transformer (encoder + decoder).
 
     python benchmarks/bench_strategies.py                       # writes results/strategies_<host>.json/.md/.png
     python benchmarks/bench_strategies.py --tiny --out /tmp/b   # smoke run: mar_tiny, a few steps
+    python benchmarks/bench_strategies.py --device cuda         # on a GPU (CUDA-synchronised component times)
     python benchmarks/bench_strategies.py --strategies full,marche,m32=marche --strategy-opt m32.budget=32 --tag m32
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, sample, strategies
 from mar_probe.compare import StrategyRun, parse_runs
+from mar_probe.models.checkpoints import resolve_device
 from mar_probe.strategies import Timer
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -177,6 +179,7 @@ def main(argv=None):
                    help="wall time (default) or this process's CPU time (needs --threads 1; for a shared machine)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--tiny", action="store_true", help="smoke run: mar_tiny, 4 steps, 5 diffusion steps")
     p.add_argument("--out", help="output folder (default: benchmarks/results)")
     p.add_argument("--progress", action="store_true")
@@ -189,25 +192,32 @@ def main(argv=None):
         p.error(f"--clock cpu measures one process's CPU seconds and needs --threads 1, got {args.threads!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:                                       # names the bad value
+        p.error(f"--device: {exc}")
+    if args.clock == "cpu" and device.type != "cpu":
+        p.error(f"--clock cpu counts this process's CPU seconds, not the GPU's; use --clock wall with --device "
+                f"{args.device!r}")
     Timer.clock = staticmethod(CLOCKS[args.clock])
     text = ",".join(strategies.available()) if args.strategies == "all" else args.strategies
     chosen = parse_runs(text, args.strategy_opt)                    # fails early on bad names/options
     chosen = (StrategyRun(label="full", name="full"),) + tuple(c for c in chosen if c.label != "full")
     torch.manual_seed(0)
-    model = create_model(args.preset, num_sampling_steps=args.num_sampling_steps).eval()
+    model = create_model(args.preset, num_sampling_steps=args.num_sampling_steps).to(device).eval()
     before = load_average()
     sample(model, [0], num_iter=2, cfg=args.cfg, seed=0)            # warm-up (allocator, kernels)
     runs = run_rounds(model, chosen, args)
     results = {n: summarise(r) for n, r in runs.items()}
     ratios(results)
     settings = {k: getattr(args, k) for k in ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed",
-                                              "rounds", "clock", "strategies", "strategy_opt")}
+                                              "rounds", "clock", "strategies", "strategy_opt", "device")}
     payload = {"machine": machine(), "settings": settings, "load": {"before": before, "after": load_average()},
                "results": results}
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
     stem = (f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "")
-            + ("_cpu" if args.clock == "cpu" else "")
+            + ("_cpu" if args.clock == "cpu" else "") + ("" if device.type == "cpu" else f"_{device.type}")
             + (f"_{args.tag}" if args.tag else ""))
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
     (out / f"{stem}.md").write_text(markdown(payload))

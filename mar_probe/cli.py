@@ -22,7 +22,8 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint", metavar="PATH", help="local checkpoint (default: the embedded Fashion-MNIST model)")
     g.add_argument("--no-ema", action="store_true", help="load the non-EMA weights of a checkpoint")
     g.add_argument("--vae", metavar="PATH", help="local kl16.ckpt to decode ImageNet latents into images")
-    g.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    g.add_argument("--device", help="torch device (default: cpu; under torchrun, cuda:LOCAL_RANK when CUDA is "
+                   "there, and --device cuda means cuda:LOCAL_RANK)")
     g.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1: on a shared 2-core "
                    "machine, 2 spinning threads under load ran generate 5.7x slower)")
 
@@ -60,6 +61,7 @@ def build_model(args):
     if not isinstance(args.threads, int) or args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
     torch.set_num_threads(args.threads)
+    args.device = _device(args.device)
     steps = getattr(args, "num_sampling_steps", None)
     if steps is not None:
         from .models.diffusion import parse_spacing
@@ -80,6 +82,13 @@ def build_model(args):
         if hasattr(args, key):
             setattr(args, key, getattr(resolved, key))
     return model
+
+
+def _device(requested: str | None) -> str:
+    """--device, or under torchrun this rank's (see :meth:`mar_probe.launch.Ranks.device`)."""
+    from .launch import Ranks
+    ranks = Ranks.from_env()
+    return ranks.device(requested) if ranks is not None else (requested or "cpu")
 
 
 def parse_labels(text: str | None, num_samples: int, num_classes: int, per_class: int | None = None) -> np.ndarray:
@@ -230,7 +239,13 @@ def _cmd_compare(args) -> int:
     if args.inception_weights:  # read (and refused, if it must be) before anything is sampled
         from .quality import load_inception
         load_inception(args.inception_weights)
-    result = compare(model, config, vae=_load_vae(args), partial=Path(args.out) / "partial", resume=args.resume)
+    from .launch import Ranks, process_group
+    ranks = Ranks.from_env()  # torchrun: the seeds are spread over the ranks, rank 0 writes (issue 16)
+    with process_group(ranks, args.device):
+        result = compare(model, config, vae=_load_vae(args), partial=Path(args.out) / "partial",
+                         resume=args.resume, ranks=ranks)
+    if ranks is not None and ranks.rank != 0:
+        return 0
     out = write_results(result, args.out)
     print(format_table(result.results))
     print(f"wrote {out / 'results.json'}, results.csv, grid.png and samples/")
@@ -272,7 +287,12 @@ def _cmd_sweep(args) -> int:
                       [b.strip() for b in args.baselines.split(",") if b.strip()])
     model = build_model(args)
     config = _compare_config(args, runs, model.num_classes)
-    result = compare(model, config, vae=_load_vae(args))
+    from .launch import Ranks, process_group
+    ranks = Ranks.from_env()
+    with process_group(ranks, args.device):
+        result = compare(model, config, vae=_load_vae(args), ranks=ranks)
+    if ranks is not None and ranks.rank != 0:
+        return 0
     out = write_sweep(result, args.out, args.strategy, grid, args.speed, args.fidelity)
     print(format_table(result.results))
     print(f"wrote {out / 'sweep.csv'}, pareto.png, results.json/csv, grid.png")
@@ -358,7 +378,8 @@ def _add_record(p):
     g.add_argument("--overwrite", action="store_true", help="replace an existing store")
     g.add_argument("--repair", action="store_true", help="with --resume: first find chunks of finished steps that "
                    "are missing or undecodable (as `mar-probe verify`) and re-record their samples")
-    g.add_argument("--shard", metavar="I/N", help="write the I-th of N disjoint parts (concurrent processes)")
+    g.add_argument("--shard", metavar="I/N", help="write the I-th of N disjoint parts (hand-run processes, job "
+                   "arrays; under torchrun each rank writes RANK/WORLD_SIZE by itself)")
     g.add_argument("--queue-size", type=int, default=8, help="step records buffered for the writer (default: 8)")
     g.add_argument("--compression", default="lz4", choices=["lz4", "zstd", "none"],
                    help="codec of the data variables: lz4 (least CPU, default), zstd (~8%% smaller, ~1.6x the CPU)")
@@ -389,32 +410,49 @@ def _print_dry_run(layout, num_samples: int, num_steps: int) -> None:
 
 def _cmd_record(args) -> int:
     import torch
-    from .models.checkpoints import DEFAULT_CHECKPOINT
-    from .probe.record import image_shape, record
-    from .store.schema import format_bytes, resolve
-    torch.manual_seed(args.seed)  # random-weight presets: the same weights in every shard and resumed process
+
+    from .launch import Ranks, check_shard, process_group
+    from .probe.record import parse_shard
+    from .store.schema import format_bytes
+    ranks = Ranks.from_env()  # torchrun: this process's rank (issue 16); None for a plain process
+    check_shard(ranks, parse_shard(args.shard))  # a --shard that disagrees: refused before the model loads
+    torch.manual_seed(args.seed)  # random-weight presets: the same weights in every shard, rank and resumed process
     model = build_model(args)
-    labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
-    spec = _selection_from_args(args)
-    vae = _load_vae(args)
-    strategy = _strategy_from_args(args)
     if args.dry_run:
-        steps = strategy.num_steps(args.num_iter)
-        _print_dry_run(resolve(spec, model, num_samples=len(labels), num_iter=steps, cfg=args.cfg,
-                               images=image_shape(model, vae), steps_per_chunk=args.steps_per_chunk),
-                       len(labels), steps)
-        return 0
-    checkpoint = None if args.model else (args.checkpoint or DEFAULT_CHECKPOINT)
-    res = record(model, labels, args.out, spec, seed=args.seed, num_iter=args.num_iter, cfg=args.cfg,
-                 cfg_schedule=args.cfg_schedule, temperature=args.temperature, rng=args.rng,
-                 batch_size=args.batch_size, strategy=strategy, vae=vae, checkpoint=checkpoint,
-                 resume=args.resume, overwrite=args.overwrite, repair=args.repair,
-                 shard=args.shard, queue_size=args.queue_size,
-                 compression=args.compression, steps_per_chunk=args.steps_per_chunk, progress=True)
-    print(f"wrote {res.samples_written} samples ({res.samples_skipped} already complete) to {res.path}: "
+        return _record_dry_run(args, model)
+    with process_group(ranks, args.device):
+        res = _record_from_args(args, model, ranks)
+    # each rank reports its own part: a collective here would make the first rank done wait for the slowest
+    who = f"rank {ranks.rank} of {ranks.world_size} " if ranks is not None else ""
+    print(f"{who}wrote {res.samples_written} samples ({res.samples_skipped} already complete) to {res.path}: "
           f"{format_bytes(res.bytes_logical)} uncompressed in {res.seconds:.1f} s; open with "
           f"mar_probe.open_run({str(res.path)!r})")
     return 0
+
+
+def _record_dry_run(args, model) -> int:
+    from .probe.record import image_shape
+    from .store.schema import resolve
+    labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
+    strategy, vae = _strategy_from_args(args), _load_vae(args)
+    steps = strategy.num_steps(args.num_iter)
+    _print_dry_run(resolve(_selection_from_args(args), model, num_samples=len(labels), num_iter=steps, cfg=args.cfg,
+                           images=image_shape(model, vae), steps_per_chunk=args.steps_per_chunk), len(labels), steps)
+    return 0
+
+
+def _record_from_args(args, model, ranks):
+    from .models.checkpoints import DEFAULT_CHECKPOINT
+    from .probe.record import record
+    labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
+    checkpoint = None if args.model else (args.checkpoint or DEFAULT_CHECKPOINT)
+    return record(model, labels, args.out, _selection_from_args(args), seed=args.seed, num_iter=args.num_iter,
+                  cfg=args.cfg, cfg_schedule=args.cfg_schedule, temperature=args.temperature, rng=args.rng,
+                  batch_size=args.batch_size, strategy=_strategy_from_args(args), vae=_load_vae(args),
+                  checkpoint=checkpoint, resume=args.resume, overwrite=args.overwrite, repair=args.repair,
+                  shard=args.shard, queue_size=args.queue_size, compression=args.compression,
+                  steps_per_chunk=args.steps_per_chunk, progress=ranks is None or ranks.local_rank == 0,
+                  ranks=ranks)
 
 
 def _add_verify(p):
@@ -432,21 +470,34 @@ def _cmd_verify(args) -> int:
 def _add_figures(p):
     p.add_argument("store", nargs="+", help="run store(s) written by `mar-probe record` (several: e.g. one per "
                    "--seed of the same command; their samples are pooled)")
-    p.add_argument("--out", default="figures", help="output folder (default: figures)")
+    p.add_argument("--out", default="figures", help="output folder or fsspec URL (default: figures)")
     p.add_argument("--only", help="comma-separated figure names (default: all)")
     p.add_argument("--format", default="png", help="image formats, e.g. png,pdf (default: png)")
+    from .analysis.cluster import DEFAULT_TIMEOUT
+    g = p.add_argument_group("dask cluster (default: compute in this process)")
+    one = g.add_mutually_exclusive_group()
+    one.add_argument("--workers", type=int, metavar="N", help="compute on a local dask cluster of N worker processes "
+                     "(1 thread each)")
+    one.add_argument("--scheduler", metavar="ADDRESS", help="compute on a running dask cluster, e.g. tcp://HOST:8786 "
+                     "(`dask scheduler`; its workers must see the store at the same path)")
+    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S", help="seconds to reach --scheduler "
+                   f"and for it to have a worker (default: {DEFAULT_TIMEOUT:g})")
 
 
 def _cmd_figures(args) -> int:
-    from .analysis import open_runs
+    from .analysis import dask_cluster, open_runs
     from .plot.report import write_figures
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    written, skipped = write_figures(open_runs(args.store), args.out, only, args.format.split(","), progress=True)
+    from .store.location import join, output_folder
+    ds = open_runs(args.store)
+    with dask_cluster(scheduler=args.scheduler, workers=args.workers, timeout=args.timeout) as client, \
+            output_folder(args.out) as out:  # a URL: written here, uploaded at the end
+        written, skipped = write_figures(ds, out, only, args.format.split(","), progress=True, scheduler=client)
     for name, paths in written.items():
         print(f"wrote {name}: {', '.join(p.name for p in paths)}")
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
-    print(f"index: {Path(args.out) / 'index.md'} and index.html")
+    print(f"index: {join(args.out, 'index.md')} and index.html")
     return 0
 
 
@@ -458,19 +509,31 @@ def _add_analyze(p):
     p.add_argument("--lazymar-layer", type=int, help="layer of LazyMAR's V-cosine criterion (default: --layer)")
     p.add_argument("--k", type=int, default=64, help="refresh budget K (default: 64)")
     p.add_argument("--threshold", type=float, default=0.95, help="cosine threshold (default: 0.95)")
+    from .analysis.cluster import DEFAULT_TIMEOUT
+    g = p.add_argument_group("dask cluster (default: compute in this process)")
+    one = g.add_mutually_exclusive_group()
+    one.add_argument("--workers", type=int, metavar="N", help="compute on a local dask cluster of N worker processes "
+                     "(1 thread each)")
+    one.add_argument("--scheduler", metavar="ADDRESS", help="compute on a running dask cluster, e.g. tcp://HOST:8786 "
+                     "(`dask scheduler`; its workers must see the store at the same path)")
+    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S", help="seconds to reach --scheduler "
+                   f"and for it to have a worker (default: {DEFAULT_TIMEOUT:g})")
 
 
 def _cmd_analyze(args) -> int:
-    from .analysis import format_summary, open_runs, run_summary, summary_json
-    table, skipped = run_summary(open_runs(args.store), layer=args.layer, lazymar_layer=args.lazymar_layer,
-                                 k=args.k, threshold=args.threshold)
+    from .analysis import dask_cluster, format_summary, open_runs, run_summary, summary_json
+    ds = open_runs(args.store)
+    with dask_cluster(scheduler=args.scheduler, workers=args.workers, timeout=args.timeout) as client:
+        table, skipped = run_summary(ds, layer=args.layer, lazymar_layer=args.lazymar_layer, k=args.k,
+                                     threshold=args.threshold, scheduler=client)
     report = summary_json(table, skipped)
     if args.json == "-":
         print(json.dumps(report, indent=2, default=str))
         return 0
     print(format_summary(table, skipped), end="")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        from .store.location import write_text
+        write_text(args.json, json.dumps(report, indent=2, default=str))  # a path or a URL
     return 0
 
 
@@ -498,8 +561,9 @@ def _cmd_study(args) -> int:
         print(f"* {line}")
     for name, why in {**res.skipped, **res.summary_skipped}.items():
         print(f"skipped {name}: {why}")
-    print(f"wrote {res.out / 'grid.png'}, {res.out / 'figures' / 'index.html'} ({len(res.figures)} figures), "
-          f"{res.out / 'summary.txt'}; stores {', '.join(str(s) for s in res.stores)}; "
+    from .store.location import join
+    print(f"wrote {join(res.out, 'grid.png')}, {join(res.out, 'figures/index.html')} ({len(res.figures)} figures), "
+          f"{join(res.out, 'summary.txt')}; stores {', '.join(str(s) for s in res.stores)}; "
           + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
     return 0
 

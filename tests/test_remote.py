@@ -199,3 +199,15 @@ def test_study_into_s3_writes_stores_figures_and_summary_there(s3):
     assert summary["settings"]["samples"] == 4
     assert open_run(f"{url}/seed3.zarr").attrs["seed"] == 3
     assert main(argv) == 0  # complete stores are reused on the object store too
+
+
+def test_figures_and_analyze_json_write_to_s3(s3, ref_store):
+    from mar_probe.cli import main
+    import s3fs
+    assert main(["figures", str(ref_store), "--out", f"s3://{BUCKET}/figs"]) == 0
+    assert main(["analyze", str(ref_store), "--json", f"s3://{BUCKET}/summary.json"]) == 0
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    names = {p.rsplit("/", 1)[-1] for p in fs.find(f"{BUCKET}/figs")}
+    assert {"marche_fig12.png", "marche_fig12.csv", "index.html"} <= names, names
+    assert json.loads(fs.cat_file(f"{BUCKET}/summary.json"))["rows"]

@@ -137,7 +137,10 @@ def _bounds(quantity: str) -> tuple[float, float] | None:
 def _rows(key, agg: xr.Dataset) -> pd.DataFrame:
     section, quantity, var, selector = key
     agg = agg.drop_vars([c for c in agg.coords if c not in agg.dims])
-    df = agg.to_dataframe().reset_index() if agg.dims else pd.DataFrame([{v: agg[v].item() for v in agg}])
+    # rows in the order of the values' dims: a Dataset's dims follow its coordinates, and the order of those of a
+    # store opened from zarr varies between processes (zarr lists a group's members in no fixed order)
+    df = (agg.to_dataframe(dim_order=list(agg["mean"].dims)).reset_index() if agg.dims
+          else pd.DataFrame([{v: agg[v].item() for v in agg}]))
     df = df.assign(section=section, quantity=quantity, var=var, selector=selector)
     for col in COLUMNS:
         if col not in df:
@@ -147,7 +150,7 @@ def _rows(key, agg: xr.Dataset) -> pd.DataFrame:
 
 def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = None, k: int = 64,
                 threshold: float = 0.95, level: float = 0.95, variables=STABILITY_VARS, var: str = "dec_k",
-                scheduler: str = "threads") -> tuple[pd.DataFrame, dict]:
+                scheduler=None) -> tuple[pd.DataFrame, dict]:
     """The redundancy measurements of a run as one tidy table with confidence intervals over samples.
 
     Parameters
@@ -169,8 +172,11 @@ def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = N
         Variables of the stability section (those present are used).
     var : str
         The variable whose drift the selection section predicts (``dec_k`` or ``dec_v``).
-    scheduler : str
-        dask scheduler of the single compute.
+    scheduler : str or distributed.Client, optional
+        Where the single compute runs: a dask scheduler name (``"threads"``, ``"synchronous"``), a
+        :class:`distributed.Client` (:func:`~mar_probe.analysis.cluster.dask_cluster`: its workers read their
+        own chunks), or None: dask's default (the threads of this process unless a default Client is active).
+        The graph, and so the table, is the same on every scheduler.
 
     Returns
     -------
@@ -179,11 +185,12 @@ def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = N
         ``mar-probe record`` flags would capture what they need).
     """
     import dask
-    _check_summary_args(ds, layer, lazymar_layer, k, threshold)
-    parts, skipped = _sections(ds, layer=layer, lazymar_layer=lazymar_layer, k=k, threshold=threshold,
-                               variables=variables, var=var)
-    keys = list(parts)
-    with dask.config.set(scheduler=scheduler):
+    from .cluster import using_scheduler
+    with using_scheduler(scheduler):  # every compute, the checks' reads of the done flags included
+        _check_summary_args(ds, layer, lazymar_layer, k, threshold)
+        parts, skipped = _sections(ds, layer=layer, lazymar_layer=lazymar_layer, k=k, threshold=threshold,
+                                   variables=variables, var=var)
+        keys = list(parts)
         values = dask.compute(*[parts[key] for key in keys])
     frames = [_rows(key, aggregate(v, "sample", level=level, bounds=_bounds(key[1])))
               for key, v in zip(keys, values)]

@@ -30,7 +30,7 @@ def _agg_frame(x: xr.DataArray, **kw) -> pd.DataFrame:
     agg = A.aggregate(x.drop_vars([c for c in x.coords if c not in x.dims]), "sample", **kw)
     if not agg.dims:
         return pd.DataFrame([{v: agg[v].item() for v in agg.data_vars}])
-    return agg.to_dataframe().reset_index()
+    return agg.to_dataframe(dim_order=list(agg["mean"].dims)).reset_index()  # not the coordinates' order (varies)
 
 
 def _computed(obj):

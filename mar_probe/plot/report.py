@@ -89,7 +89,8 @@ def _save(fig_name: str, spec: FigureSpec, ds, out: Path, formats) -> list[Path]
     return paths + [csv]
 
 
-def write_figures(ds: xr.Dataset, out, only=None, formats=("png",), progress: bool = False) -> tuple[dict, dict]:
+def write_figures(ds: xr.Dataset, out, only=None, formats=("png",), progress: bool = False,
+                  scheduler=None) -> tuple[dict, dict]:
     """Write each figure as images plus ``NAME.csv`` (its plotted values) and ``index.md``/``index.html``.
 
     Parameters
@@ -104,6 +105,10 @@ def write_figures(ds: xr.Dataset, out, only=None, formats=("png",), progress: bo
         Image formats (``png``, ``pdf``, ``svg``).
     progress : bool
         Show a progress bar over the figures.
+    scheduler : str or distributed.Client, optional
+        Where the figures' reductions compute (as for :func:`~mar_probe.analysis.run_summary`): a dask scheduler
+        name, a :class:`distributed.Client` (:func:`~mar_probe.analysis.cluster.dask_cluster`), or None: dask's
+        default.
 
     Returns
     -------
@@ -113,7 +118,9 @@ def write_figures(ds: xr.Dataset, out, only=None, formats=("png",), progress: bo
     import matplotlib
     matplotlib.use("Agg")
     from ..analysis._checks import require_completed
-    require_completed(ds)
+    from ..analysis.cluster import using_scheduler
+    with using_scheduler(scheduler):  # its read of the done flags too
+        require_completed(ds)
     names = list(only) if only else list(FIGURES)
     bad = [n for n in names if n not in FIGURES]
     if bad:
@@ -123,11 +130,12 @@ def write_figures(ds: xr.Dataset, out, only=None, formats=("png",), progress: bo
     out.mkdir(parents=True, exist_ok=True)
     written, skipped = {}, {}
     from tqdm.auto import tqdm
-    for name in tqdm(names, desc="figures", unit="fig", disable=not progress):
-        try:
-            written[name] = _save(name, FIGURES[name], ds, out, formats)
-        except (KeyError, ValueError) as exc:
-            skipped[name] = str(exc.args[0] if isinstance(exc, KeyError) else exc)
+    with using_scheduler(scheduler):
+        for name in tqdm(names, desc="figures", unit="fig", disable=not progress):
+            try:
+                written[name] = _save(name, FIGURES[name], ds, out, formats)
+            except (KeyError, ValueError) as exc:
+                skipped[name] = str(exc.args[0] if isinstance(exc, KeyError) else exc)
     _index(out, written, skipped, formats[0])
     return written, skipped
 

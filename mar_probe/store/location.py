@@ -200,3 +200,13 @@ def output_folder(out):
         for file in sorted(Path(tmp).rglob("*")):
             if file.is_file():
                 fs.put_file(str(file), f"{path.rstrip('/')}/{file.relative_to(tmp).as_posix()}")
+
+
+def write_text(target, text: str) -> None:
+    """Write ``text`` to a local file or a URL (one object, written whole)."""
+    loc = StoreLocation.of(target)
+    if loc.is_local:
+        loc.local_path.write_text(text)
+        return
+    fs, path = loc.fs
+    fs.pipe_file(path, text.encode())
