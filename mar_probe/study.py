@@ -175,6 +175,7 @@ def run_study(config: StudyConfig | None = None, model=None, *, checkpoint=None,
     seconds["record"], t0 = time.perf_counter() - t0, time.perf_counter()
     ds = open_runs(stores)
     with output_folder(config.out) as out:  # a URL: written here, uploaded at the end (store/location.py)
+        out.mkdir(parents=True, exist_ok=True)
         _write_grid(ds, out / "grid.png")
         written, skipped = write_figures(ds, out / "figures", formats=config.formats, progress=progress)
         seconds["figures"], t0 = time.perf_counter() - t0, time.perf_counter()
