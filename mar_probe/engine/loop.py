@@ -195,6 +195,9 @@ class Sampler:
         state.outputs.timer = self.timer                               # strategies count FLOPs into it
         z = self.strategy.transformer(self.model, state, self.timer)   # [B', L, D]
         z = z[state.to_pred_branches.nonzero(as_tuple=True)]           # [M', D], row-major as the reference
+        head_steps = self.strategy.head_steps(self.model, state)
+        if head_steps is not None:                                     # the head's steps at this step (disa)
+            state.outputs.ensure_plan().head_steps = head_steps
         with self.timer("head"):
             sampled = self.strategy.head_sample(self.model, z, state, rng)  # [M', C]
         if len(state.branches) == 2:

@@ -20,7 +20,7 @@ from ..vocab import STACKS  # noqa: F401  (re-exported: engine.strategy.STACKS)
 from .cost import attention_flops, block_linear_flops, head_eval_flops, linear_flops, stack_dims
 
 __all__ = ["STACKS", "FullStrategy", "StepPlan", "Strategy", "Timer", "count_blocks", "count_embeddings",
-           "stack_blocks"]
+           "sample_head", "stack_blocks"]
 
 
 
@@ -32,6 +32,8 @@ class StepPlan:
     [B'', N] (True = computed) of the rows computed at the stack's cached layers, over the stack's positions
     (``[buffer; tokens]``), absent when every row was computed. ``computed`` / ``derived`` name the CFG branches
     the transformer computed / derived from a cached residual; ``head`` counts head evaluations by kind.
+    ``head_steps`` is the number of respaced diffusion steps the head samples with at this step (None: the head's
+    own ``num_sampling_steps``); the sampler sets it from :meth:`Strategy.head_steps`.
     """
     refresh: bool
     rows: dict = field(default_factory=dict)
@@ -39,6 +41,7 @@ class StepPlan:
     computed: tuple = ()
     derived: tuple = ()
     head: dict = field(default_factory=dict)
+    head_steps: int | None = None
 
 
 class Strategy:
@@ -87,15 +90,32 @@ class Strategy:
         with timer("decoder"):
             return model.decoder_output(x)
 
+    def head_steps(self, model, state) -> int | None:
+        """Diffusion steps of the head at this step (None, the default: the head's own ``num_sampling_steps``).
+
+        The sampler asks after :meth:`transformer` and records the answer in the plan's ``head_steps``, which
+        :meth:`head_sample` honours."""
+        return None
+
     def head_sample(self, model, z, state, rng) -> torch.Tensor:
         """Sample the step's token latents [M', C] from the selected rows ``z`` [M', D] (all branches)."""
-        diff = model.diffloss
-        evals = diff.gen_diffusion.num_timesteps
-        timer = state.outputs.timer
-        if timer is not None:
-            timer.add_flops("head.linear", evals * head_eval_flops(diff.net, z.shape[0]))
-        state.outputs.ensure_plan().head = {"full": evals, "cached": 0}
-        return diff.sample(z, state.temperature, state.cfg_iter, generator=rng.noise, init_generator=rng.init_noise)
+        return sample_head(model, z, state, rng)
+
+
+def sample_head(model, z, state, rng, clip_timestep: int | None = None) -> torch.Tensor:
+    """The head's full sampling of the step's tokens [M', C] from ``z`` [M', D] with the plan's ``head_steps``
+    (None: the head's own process; ``clip_timestep`` see :meth:`~mar_probe.models.diffloss.DiffLoss.diffusion_for`);
+    counts its FLOPs and evaluations."""
+    diff = model.diffloss
+    plan = state.outputs.ensure_plan()
+    diffusion = diff.diffusion_for(plan.head_steps, clip_timestep=clip_timestep)
+    evals = diffusion.num_timesteps
+    timer = state.outputs.timer
+    if timer is not None:
+        timer.add_flops("head.linear", evals * head_eval_flops(diff.net, z.shape[0]))
+    plan.head = {"full": evals, "cached": 0}
+    return diff.sample(z, state.temperature, state.cfg_iter, generator=rng.noise, init_generator=rng.init_noise,
+                       diffusion=diffusion)
 
 
 class FullStrategy(Strategy):

@@ -126,11 +126,35 @@ class DiffLoss(nn.Module):
         self.clip_denoised = clip_denoised
         self.net = SimpleMLPAdaLN(target_channels, width, target_channels * 2, z_channels, depth)
         self.train_diffusion = GaussianDiffusion("")
+        self._spaced: dict = {}                               # (spacing, clip) -> GaussianDiffusion, diffusion_for's
         self.set_sampling_steps(num_sampling_steps)
 
     def set_sampling_steps(self, num_sampling_steps) -> None:
         self.num_sampling_steps = str(num_sampling_steps)
         self.gen_diffusion = GaussianDiffusion(self.num_sampling_steps)
+
+    def diffusion_for(self, steps: int | None = None, clip_timestep: int | None = None) -> GaussianDiffusion:
+        """The reverse process of ``steps`` evenly respaced steps, as the official head with ``num_sampling_steps=
+        str(steps)`` samples (a strategy's per-step head steps, e.g. ``disa``).
+
+        None, or the head's own step count, is the head's own process (``gen_diffusion`` itself, so a sectioned
+        respacing such as ``"25,25"`` stays itself); ``clip_timestep`` clamps the kept timesteps (see
+        :class:`GaussianDiffusion`). Other processes are made once and kept on this head.
+        """
+        own = self.gen_diffusion
+        if steps is not None:
+            limit = self.train_diffusion.num_timesteps
+            if not isinstance(steps, int) or isinstance(steps, bool) or not 2 <= steps <= limit:
+                raise ValueError(f"head steps {steps!r} are outside the head's steps: a respacing of its "
+                                 f"{limit}-step diffusion takes 2 to {limit} steps (one step has no posterior "
+                                 f"variance: the official code cannot sample with one either)")
+        spacing = self.num_sampling_steps if steps is None or steps == own.num_timesteps else str(steps)
+        if spacing == self.num_sampling_steps and clip_timestep is None:
+            return own
+        key = (spacing, clip_timestep)
+        if key not in self._spaced:
+            self._spaced[key] = GaussianDiffusion(spacing, clip_timestep=clip_timestep)
+        return self._spaced[key]
 
     def forward(self, target, z, mask=None, generator: torch.Generator | None = None):
         """Training loss; timesteps and noise come from ``generator`` (default: torch's global one)."""
@@ -143,12 +167,14 @@ class DiffLoss(nn.Module):
         return loss.mean()
 
     def sample(self, z, temperature=1.0, cfg=1.0, generator: torch.Generator | None = None,
-               init_generator: torch.Generator | None = None, denoise_fn=None):
+               init_generator: torch.Generator | None = None, denoise_fn=None,
+               diffusion: GaussianDiffusion | None = None):
         """Sample one token per row of ``z`` [N, Dz]; with CFG rows are [cond; uncond] halves.
 
         The initial noise comes from ``init_generator`` (default: ``generator``), created on the CPU when
         that generator is a CPU one, and each reverse step draws from ``generator`` on ``z``'s device — the
-        reference's order. ``denoise_fn(x, t, c, cfg, i)`` replaces the network call (head caches).
+        reference's order. ``denoise_fn(x, t, c, cfg, i)`` replaces the network call (head caches);
+        ``diffusion`` the reverse process (default: ``gen_diffusion``; see :meth:`diffusion_for`).
         """
         use_cfg = not cfg == 1.0
         n = z.shape[0] // 2 if use_cfg else z.shape[0]
@@ -156,7 +182,7 @@ class DiffLoss(nn.Module):
         init_device = init_generator.device if init_generator is not None else z.device
         noise = torch.randn(n, self.in_channels, generator=init_generator, device=init_device).to(z.device)
         x = torch.cat([noise, noise], dim=0) if use_cfg else noise
-        diff = self.gen_diffusion
+        diff = self.gen_diffusion if diffusion is None else diffusion
         for i in reversed(range(diff.num_timesteps)):
             t = torch.full((x.shape[0],), i, dtype=torch.long, device=z.device)
             tm = diff.model_timesteps(t)

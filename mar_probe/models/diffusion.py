@@ -49,11 +49,18 @@ def space_timesteps(num_timesteps: int, spacing: str | int) -> list[int]:
 
 
 class GaussianDiffusion:
-    """A (possibly respaced) diffusion process with learned-range variance and epsilon prediction."""
+    """A (possibly respaced) diffusion process with learned-range variance and epsilon prediction.
 
-    def __init__(self, spacing: str | int = "", num_timesteps: int = 1000):
+    ``clip_timestep`` (default None: none) clamps the kept timesteps to at most that timestep before the process is
+    built, merging those above it into one (the DiSA code's sampler does this at 950, see
+    :mod:`mar_probe.strategies.disa`); without it the process is the official respacing.
+    """
+
+    def __init__(self, spacing: str | int = "", num_timesteps: int = 1000, clip_timestep: int | None = None):
         base = cosine_betas(num_timesteps)
         use = space_timesteps(num_timesteps, spacing) if str(spacing) else list(range(num_timesteps))
+        if clip_timestep is not None:
+            use = sorted({min(t, clip_timestep) for t in use})
         base_bar = np.cumprod(1.0 - base)
         last, betas = 1.0, []
         for i in use:
