@@ -185,9 +185,9 @@ def join(base, name: str) -> str:
 
 @contextmanager
 def output_folder(out):
-    """A local folder to write results into: ``out`` itself when local (the writer creates it), else a temporary folder whose
-    files are uploaded to the URL ``out`` when the block ends without an error (figures, summaries, CSVs: small
-    files that plotting and pandas write to local paths)."""
+    """A local folder to write results into: ``out`` itself when local (the writer creates it), else a temporary
+    folder whose files are uploaded to the URL ``out`` when the block ends without an error (figures, summaries,
+    CSVs: small files that plotting and pandas write to local paths)."""
     loc = StoreLocation.of(out)
     if loc.is_local:  # not created here: a command refused before it writes leaves no folder (issue 19)
         yield loc.local_path
