@@ -1,8 +1,8 @@
 """mar_probe: probe, measure and accelerate masked autoregressive (MAR) image generators.
 
 The names below are imported on first use (PEP 562), so that importing a light part of the package (the store
-reader that dask workers unpickle, the analysis) does not import torch and the models: a dask worker of
-``analyze --workers N`` held 326 MB more with them (benchmarks/results/dask_analyze.md, issue 16).
+reader that dask workers unpickle, the analysis) does not import torch and the models, which every worker of
+``analyze --workers N`` otherwise loads (issue 16; its memory per worker: benchmarks/results/dask_analyze.md).
 """
 import importlib
 
