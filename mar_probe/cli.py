@@ -299,6 +299,65 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _add_tune(p):
+    _add_model_flags(p)
+    _add_sampling_flags(p)
+    for action in p._actions:
+        if action.dest == "num_samples":
+            action.default, action.help = 8, "images per seed (default: 8)"
+        if action.dest == "seed":
+            action.help = "seed of a random-weight preset's weights (default: 0); the runs use the seeds below"
+    p.add_argument("--family", required=True, help="the strategy to tune: marche, lazymar, disa, compose, ... or "
+                   "marche-drift (online: the drift threshold of MARche's per-step refresh)")
+    p.add_argument("--target", required=True, metavar="METRIC>=V|METRIC<=V",
+                   help="fidelity against full: psnr>=V, ssim>=V, token_cos>=V or token_mse<=V (e.g. psnr>=30)")
+    p.add_argument("--statistic", default="mean", help="what must meet the target: mean (over images, default) or "
+                   "bound (the lower end of its 95%% interval for >=, the upper end for <=)")
+    p.add_argument("--calibration-seeds", default="0,1", help="seeds the search runs on (default: 0,1)")
+    p.add_argument("--heldout-seeds", default="2", help="seeds the choice is checked on, none of the calibration "
+                   "seeds (default: 2)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="an option and its candidate values, repeatable (default: the family's grid, "
+                        "mar_probe.tune.KNOBS)")
+    p.add_argument("--strategy-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="fixed option of every candidate, repeatable")
+    p.add_argument("--search", default="bisect", help="bisect (default: cheapest first along the last option, "
+                   "assuming fidelity falls as the run gets cheaper) or exhaustive (every candidate)")
+    p.add_argument("--out", default="runs/tune", help="output folder: tune.json, tune.png (default: runs/tune)")
+
+
+def _cmd_tune(args) -> int:
+    import dataclasses
+
+    import torch
+
+    from .engine.sampling import SamplingConfig
+    from .strategies import parse_options
+    from .tune import FidelityTarget, TargetUnreachableError, TuneConfig, format_report, parse_seeds, tune, \
+        write_report
+    config = TuneConfig(family=args.family, target=FidelityTarget.parse(args.target, statistic=args.statistic),
+                        calibration_seeds=parse_seeds(args.calibration_seeds, "--calibration-seeds"),
+                        heldout_seeds=parse_seeds(args.heldout_seeds, "--heldout-seeds"),
+                        space=tuple(parse_grid(args.family, args.param).items()),
+                        options=tuple(parse_options(args.family, args.strategy_opt).items()), search=args.search,
+                        num_samples=args.num_samples, batch_size=args.batch_size,
+                        sampling=SamplingConfig(num_iter=args.num_iter, cfg=args.cfg, cfg_schedule=args.cfg_schedule,
+                                                temperature=args.temperature, rng=args.rng))  # checked before loading
+    torch.manual_seed(args.seed)  # random-weight presets: the same weights on every call
+    model = build_model(args)
+    labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)
+    config = dataclasses.replace(config, labels=tuple(labels.tolist()), num_samples=len(labels))
+    try:
+        result = tune(model, config, vae=_load_vae(args))
+    except TargetUnreachableError as exc:  # the calibration is kept; the error is the command's one line
+        print(format_report(exc.result))
+        print(f"wrote {write_report(exc.result, args.out) / 'tune.json'} and tune.png")
+        raise
+    print(format_report(result))
+    print(f"wrote {write_report(result, args.out) / 'tune.json'} and tune.png")
+    return 0 if result.met else 1
+
+
 def _add_train(p):
     p.add_argument("--preset", default="fashion_small", help="model preset to train (default: fashion_small)")
     p.add_argument("--data", dest="data_dir", help="folder with the Fashion-MNIST IDX files")
@@ -590,6 +649,8 @@ SUBCOMMANDS = {
     "quality": (_add_quality, _cmd_quality, "class accuracy and Frechet distance of generated images"),
     "compare": (_add_compare, _cmd_compare, "strategies on the same samples: speed-up, paired fidelity, quality"),
     "sweep": (_add_sweep, _cmd_sweep, "one strategy over a grid of one or two options: trade-off CSV and Pareto plot"),
+    "tune": (_add_tune, _cmd_tune, "the fastest configuration of a strategy meeting a fidelity target against full "
+             "on calibration seeds, checked on held-out seeds (tune.json, tune.png)"),
     "study": (_add_study, _cmd_study, "the main job: record the embedded model, write its image grid, figures "
               "and summary"),
     "verify": (_add_verify, _cmd_verify, "check that every chunk of a store's finished steps is present and "

@@ -64,6 +64,17 @@ def cases() -> list[tuple[str, list[str]]]:
     sw = ["sweep", "marche", *TINY, "--num-samples", "2", *out]
     c += [(f"sweep {v}", sw + ["--param", v]) for v in ("bogus", "budget=", "nosuch=1,2", "budget=a,b")]
     c += [("sweep nosuch strategy", ["sweep", "nosuch", *TINY, "--param", "x=1,2", *out])]
+    tn = ["tune", *TINY, "--num-samples", "2", "--family", "marche", "--target", "psnr>=30", *out]  # last flag wins
+    c += [(f"tune {flag} {v}", tn + [flag, v]) for flag, v in (
+        ("--target", "psnr=>30"), ("--target", "fid<=10"), ("--target", "psnr<=30"), ("--target", "psnr>=nan"),
+        ("--target", "psnr>=abc"), ("--statistic", "median"), ("--param", "nosuch=1,2"), ("--param", "budget="),
+        ("--param", "budget=a,b"), ("--param", "budget=0,16"), ("--strategy-opt", "nosuch=1"),
+        ("--heldout-seeds", "1"), ("--calibration-seeds", ""), ("--calibration-seeds", "a"),
+        ("--heldout-seeds", "3,3"), ("--search", "bogus"), ("--num-samples", "0"), ("--batch-size", "0"),
+        ("--num-iter", "0"), ("--cfg", "nan"), ("--labels", "10"))]
+    c += [("tune --family nosuch", ["tune", *TINY, "--family", "nosuch", "--target", "psnr>=30", *out]),
+          ("tune --family full (nothing to tune)", ["tune", *TINY, "--family", "full", "--target", "psnr>=30", *out]),
+          ("tune without --target", ["tune", *TINY, "--family", "marche", *out])]
     tr = ["train", "--preset", "mar_tiny", "--dataset", "digits", "--out", "{out}"]
     c += [(f"train {flag} {v}", tr + [flag, v]) for flag, v in (
         ("--iters", "0"), ("--batch-size", "0"), ("--lr", "0"), ("--lr", "nan"), ("--ema-rate", "1"),

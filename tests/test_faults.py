@@ -25,8 +25,8 @@ def files(tmp_path_factory):
 
 def test_the_matrix_covers_every_command_with_enough_cases():
     commands = {argv[0] for _, argv in CASES}
-    assert commands == {"generate", "record", "compare", "sweep", "train", "quality", "analyze", "figures", "study",
-                        "verify"}
+    assert commands == {"generate", "record", "compare", "sweep", "tune", "train", "quality", "analyze", "figures",
+                        "study", "verify"}
     assert len(CASES) >= 112 and len({c for c, _ in CASES}) == len(CASES)
 
 

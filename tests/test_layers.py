@@ -21,7 +21,7 @@ LAYERS = (
     ("sampler", "api"),
     ("probe", "quality"),
     ("analysis",),
-    ("compare", "train", "plot"),
+    ("compare", "tune", "train", "plot"),
     ("study", "widgets"),
     ("cli", "__main__", "__init__"),
 )
