@@ -47,108 +47,54 @@ Where the code has no behaviour this follows the obvious extension: in a one-ste
 and ``cosine`` divide by zero) the single step uses ``upper``, the value step 0 has in every longer run
 (``two-stage`` and ``constant`` keep their formulas, which give ``lower`` there). With ``upper = lower =`` the
 head's own steps and no clamp (:meth:`DiSAStrategy.exact_options`) it is ``full`` bit for bit.
+
+The schedule itself (formulas, options, checks) lives in :mod:`mar_probe.strategies.head_schedule`
+(:class:`~mar_probe.strategies.head_schedule.DiSASchedule`), a part that ``compose`` holds too.
 """
 from __future__ import annotations
 
-import math
-import typing
-from dataclasses import dataclass
-from typing import Literal
-
 from . import register
 from ..engine.strategy import FullStrategy, sample_head
+from .head_schedule import SCHEDULES, DiSASchedule, DiSAScheduleConfig, Schedule, annealed_steps
 
-Schedule = Literal["linear", "cosine", "two-stage", "constant"]
-SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
+__all__ = ["SCHEDULES", "DiSAConfig", "DiSAStrategy", "Schedule", "annealed_steps"]
 
-
-def annealed_steps(step: int, num_iter: int, upper: int, lower: int, schedule: str = "linear") -> int:
-    """Head steps ``K`` at ``step`` of a ``num_iter``-step run annealed from ``upper`` to ``lower`` (see the module)."""
-    if not 0 <= step < num_iter:
-        raise ValueError(f"disa step {step!r} is outside a run of {num_iter!r} steps")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"disa schedule must be one of {SCHEDULES!r}, got {schedule!r}")
-    last, span = num_iter - 1, upper - lower
-    if schedule == "constant":
-        return lower
-    if schedule == "two-stage":
-        return upper if step < last / 2 else lower
-    if last == 0:                                      # one-step run: the code divides by zero
-        return upper
-    if schedule == "linear":
-        return lower + int((last - step) / last * span)
-    return lower + int((math.cos(math.pi * step / last) + 1) / 2 * span)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DiSAConfig:
-    """Options of :class:`DiSAStrategy`, defaults from the released code (see the module docstring).
-
-    upper : head steps at the first step (None: the head's own).
-    lower : head steps at the last step (None: the head's own); at most ``upper``.
-    schedule : ``linear``, ``cosine``, ``two-stage`` or ``constant``.
-    clip_timestep : clamp of the kept diffusion timesteps (None: none, the official respacing).
-    """
-    upper: int | None = 50
-    lower: int | None = 5
-    schedule: Schedule = "linear"
-    clip_timestep: int | None = 950
-
-    def __post_init__(self):
-        for name, low in (("upper", 2), ("lower", 2), ("clip_timestep", 1)):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
-                kind = "a positive integer" if low == 1 else f"an integer >= {low} (a reverse process of one step " \
-                    "has no posterior variance: the official code cannot sample with one)"
-                raise ValueError(f"disa {name} must be {kind} or None, got {value!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"disa schedule must be one of {SCHEDULES!r}, got {self.schedule!r}")
-        if self.upper is not None and self.lower is not None and self.lower > self.upper:
-            raise ValueError(f"disa lower={self.lower!r} exceeds upper={self.upper!r}: the head's steps anneal "
-                             f"from upper down to lower (expected 2 <= lower <= upper)")
+DiSAConfig = DiSAScheduleConfig
+"""Options of :class:`DiSAStrategy`: exactly those of its head-step schedule
+(:class:`~mar_probe.strategies.head_schedule.DiSAScheduleConfig`; ``compose`` takes the same as ``head_opts``)."""
 
 
 @register("disa")
 class DiSAStrategy(FullStrategy):
-    """DiSA: the full transformer and a head whose diffusion steps anneal over the run (see the module docstring)."""
+    """DiSA: the full transformer and a head whose diffusion steps anneal over the run (see the module docstring).
+
+    The schedule is a :class:`~mar_probe.strategies.head_schedule.DiSASchedule` part, the one ``compose`` holds
+    with ``head_schedule="disa"``."""
 
     name = "disa"
     Config = DiSAConfig
 
     def __init__(self, **options):
         self.config = DiSAConfig(**options)
+        self.schedule = DiSASchedule(self.config)
 
     @classmethod
     def exact_options(cls, num_iter):
         return {"upper": None, "lower": None, "clip_timestep": None}
 
     def bounds(self, model) -> tuple[int, int]:
-        """(upper, lower) head steps for ``model``: None resolved to its head's own count, checked against the
-        head's diffusion (a respacing of its T training timesteps takes 2 to T steps)."""
-        diff = model.diffloss
-        own, limit = diff.gen_diffusion.num_timesteps, diff.train_diffusion.num_timesteps
-        c = self.config
-        upper = own if c.upper is None else c.upper
-        lower = own if c.lower is None else c.lower
-        if upper > limit:
-            raise ValueError(f"disa head-step schedule {upper}->{lower} is outside the head's steps: upper="
-                             f"{c.upper!r}, but a respacing of its {limit}-step diffusion takes 2 to {limit} steps")
-        if lower > upper:
-            raise ValueError(f"disa lower={c.lower!r} ({lower} steps) exceeds upper={c.upper!r} ({upper} steps; "
-                             f"None is the head's own {own}): expected 2 <= lower <= upper")
-        return upper, lower
+        """(upper, lower) head steps for ``model`` (:meth:`DiSASchedule.bounds`)."""
+        return self.schedule.bounds(model)
 
     def steps(self, model, num_iter: int) -> list[int]:
         """Head steps of every step of a ``num_iter``-step run on ``model``."""
-        upper, lower = self.bounds(model)
-        return [annealed_steps(s, num_iter, upper, lower, self.config.schedule) for s in range(num_iter)]
+        return self.schedule.steps(model, num_iter)
 
     def begin(self, model, batch_size, num_iter):
-        self.bounds(model)                             # a bad schedule fails before the first step
+        self.schedule.bounds(model)                    # a bad schedule fails before the first step
 
     def head_steps(self, model, state):
-        upper, lower = self.bounds(model)
-        return annealed_steps(state.step, state.num_iter, upper, lower, self.config.schedule)
+        return self.schedule.head_steps(model, state)
 
     def head_sample(self, model, z, state, rng):
-        return sample_head(model, z, state, rng, clip_timestep=self.config.clip_timestep)
+        return sample_head(model, z, state, rng, clip_timestep=self.schedule.clip_timestep)

@@ -8,6 +8,11 @@ and ``uncond_eps = cond_eps - cached difference`` (the released LazyMAR code's `
 their sources in :mod:`mar_probe.strategies.lazymar`). ``batch_modulation`` makes the AdaLN modulations of a
 step's evaluations in one batched product per layer (not in the released code). ``lazymar`` and ``compose`` both
 hold one :class:`HeadCache`.
+
+The reverse process is the step's plan's: with ``StepPlan.head_steps`` set (a head-step schedule, e.g. ``compose
+head_schedule=disa``) the head samples with that many respaced steps (and the schedule's ``clip_timestep``), ``T``
+above is that process's number of steps and the recompute rule applies over its reverse indices. Without it (None)
+the process is the head's own, exactly as before the schedule existed.
 """
 from __future__ import annotations
 
@@ -44,33 +49,40 @@ class HeadCache:
         self.reset()
 
     def reset(self) -> None:
-        """Forget the timestep-embedding table (call at the start of a batch)."""
-        self._table = self._table_key = None
+        """Forget the timestep-embedding tables (call at the start of a batch)."""
+        self._tables: dict = {}
 
-    def head_sample(self, model, z, state, rng) -> torch.Tensor:
-        """The step's token latents [M', C] from ``z`` [M', D], with the cache; counts FLOPs and head evaluations."""
+    def head_sample(self, model, z, state, rng, clip_timestep: int | None = None) -> torch.Tensor:
+        """The step's token latents [M', C] from ``z`` [M', D], with the cache, over the reverse process of the plan's
+        ``head_steps`` (None: the head's own; ``clip_timestep`` see
+        :meth:`~mar_probe.models.diffloss.DiffLoss.diffusion_for`); counts FLOPs and head evaluations."""
         diff = model.diffloss
         timer = state.outputs.timer
-        head = _StepCache(self.config, diff.net, diff.gen_diffusion.num_timesteps,
-                          lambda: self._time_table(diff, z.device, timer))
+        plan = state.outputs.ensure_plan()
+        diffusion = diff.diffusion_for(plan.head_steps, clip_timestep=clip_timestep)
+        head = _StepCache(self.config, diff.net, diffusion.num_timesteps,
+                          lambda: self._time_table(diff, z.device, timer, diffusion))
         out = diff.sample(z, state.temperature, state.cfg_iter, generator=rng.noise, init_generator=rng.init_noise,
-                          denoise_fn=head.denoise)
+                          denoise_fn=head.denoise, diffusion=diffusion)
         if timer is not None:
             timer.add_flops("head.linear", head.flops)
-        state.outputs.ensure_plan().head = {"full": head.full, "cached": head.cached}
+        plan.head = {"full": head.full, "cached": head.cached}
         return out
 
-    def _time_table(self, diff, device, timer) -> torch.Tensor:
-        """Timestep embeddings [T, W] of every reverse index, made once per batch, head and schedule (cached
-        evaluations read them instead of running ``time_embed``; its FLOPs are counted when the table is made)."""
-        net, T = diff.net, diff.gen_diffusion.num_timesteps
-        key = (net, T, device)
-        if self._table_key != key:
-            t = diff.gen_diffusion.model_timesteps(torch.arange(T, device=device))
-            self._table, self._table_key = net.time_embed(t), key
+    def _time_table(self, diff, device, timer, diffusion=None) -> torch.Tensor:
+        """Timestep embeddings [T, W] of every reverse index of ``diffusion`` (default: the head's own process), made
+        once per batch, head and process (cached evaluations read them instead of running ``time_embed``; its FLOPs
+        are counted when the table is made)."""
+        diffusion = diff.gen_diffusion if diffusion is None else diffusion
+        net, T = diff.net, diffusion.num_timesteps
+        key = (net, id(diffusion), device)              # the entry holds the process: its id stays its own
+        entry = self._tables.get(key)
+        if entry is None:
+            t = diffusion.model_timesteps(torch.arange(T, device=device))
+            entry = self._tables[key] = (diffusion, net.time_embed(t))
             if timer is not None:
                 timer.add_flops("head.linear", head_embed_flops(net, T, cond=False))
-        return self._table
+        return entry[1]
 
 
 class _StepCache:
