@@ -526,12 +526,8 @@ def _cmd_verify(args) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
-def _add_figures(p):
-    p.add_argument("store", nargs="+", help="run store(s) written by `mar-probe record` (several: e.g. one per "
-                   "--seed of the same command; their samples are pooled)")
-    p.add_argument("--out", default="figures", help="output folder or fsspec URL (default: figures)")
-    p.add_argument("--only", help="comma-separated figure names (default: all)")
-    p.add_argument("--format", default="png", help="image formats, e.g. png,pdf (default: png)")
+def _add_cluster_flags(p) -> None:
+    """--workers / --scheduler / --timeout of the commands that compute on a dask cluster (analyze, figures)."""
     from .analysis.cluster import DEFAULT_TIMEOUT
     g = p.add_argument_group("dask cluster (default: compute in this process)")
     one = g.add_mutually_exclusive_group()
@@ -543,11 +539,20 @@ def _add_figures(p):
                    f"and for it to have a worker (default: {DEFAULT_TIMEOUT:g})")
 
 
+def _add_figures(p):
+    p.add_argument("store", nargs="+", help="run store(s) written by `mar-probe record` (several: e.g. one per "
+                   "--seed of the same command; their samples are pooled)")
+    p.add_argument("--out", default="figures", help="output folder or fsspec URL (default: figures)")
+    p.add_argument("--only", help="comma-separated figure names (default: all)")
+    p.add_argument("--format", default="png", help="image formats, e.g. png,pdf (default: png)")
+    _add_cluster_flags(p)
+
+
 def _cmd_figures(args) -> int:
     from .analysis import dask_cluster, open_runs
     from .plot.report import write_figures
-    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     from .store.location import join, output_folder
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     ds = open_runs(args.store)
     with dask_cluster(scheduler=args.scheduler, workers=args.workers, timeout=args.timeout) as client, \
             output_folder(args.out) as out:  # a URL: written here, uploaded at the end
@@ -568,15 +573,7 @@ def _add_analyze(p):
     p.add_argument("--lazymar-layer", type=int, help="layer of LazyMAR's V-cosine criterion (default: --layer)")
     p.add_argument("--k", type=int, default=64, help="refresh budget K (default: 64)")
     p.add_argument("--threshold", type=float, default=0.95, help="cosine threshold (default: 0.95)")
-    from .analysis.cluster import DEFAULT_TIMEOUT
-    g = p.add_argument_group("dask cluster (default: compute in this process)")
-    one = g.add_mutually_exclusive_group()
-    one.add_argument("--workers", type=int, metavar="N", help="compute on a local dask cluster of N worker processes "
-                     "(1 thread each)")
-    one.add_argument("--scheduler", metavar="ADDRESS", help="compute on a running dask cluster, e.g. tcp://HOST:8786 "
-                     "(`dask scheduler`; its workers must see the store at the same path)")
-    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S", help="seconds to reach --scheduler "
-                   f"and for it to have a worker (default: {DEFAULT_TIMEOUT:g})")
+    _add_cluster_flags(p)
 
 
 def _cmd_analyze(args) -> int:

@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 
 from ._config import checked_fields
 from .engine.sampling import SamplingConfig
-from .launch import Ranks, gather
+from .launch import Ranks, gather, on_rank0
 from .machine import machine
 from .quality.paired import paired_fidelity, summarize
 
@@ -344,17 +344,7 @@ def _partial_runs(partial, config, sha: str, resume: bool, ranks: Ranks | None) 
         return None
     if ranks is None:
         return PartialRuns(partial, config, sha, resume)
-    saved, error = None, None
-    if ranks.rank == 0:
-        try:
-            saved = PartialRuns(partial, config, sha, resume)
-        except (ValueError, OSError) as exc:
-            error = exc
-    first = gather(None if error is None else f"{type(error).__name__}: {error}")[0]
-    if error is not None:
-        raise error
-    if first is not None:
-        raise ValueError(f"rank 0 could not prepare {str(partial)!r}: {first}")
+    saved = on_rank0(lambda: PartialRuns(partial, config, sha, resume), repr(str(partial)))
     return saved if saved is not None else PartialRuns(partial, config, sha, resume=True)
 
 

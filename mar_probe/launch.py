@@ -119,6 +119,24 @@ def gather(obj) -> list:
     return out
 
 
+def on_rank0(work, what: str):
+    """Run ``work()`` on rank 0 while the other ranks wait; its result on rank 0, None elsewhere (or ``work()``
+    itself outside a process group). A failure on rank 0 (a ValueError or OSError) is raised there as it is, and
+    on every other rank as a ValueError saying that rank 0 could not prepare ``what``, so no rank waits forever."""
+    result, error = None, None
+    if rank() == 0:
+        try:
+            result = work()
+        except (ValueError, OSError) as exc:
+            error = exc
+    first = gather(None if error is None else f"{type(error).__name__}: {error}")[0]
+    if error is not None:
+        raise error
+    if first is not None:
+        raise ValueError(f"rank 0 could not prepare {what}: {first}")
+    return result
+
+
 def rank() -> int:
     """This process's rank in the process group (0 outside one)."""
     import torch.distributed as dist

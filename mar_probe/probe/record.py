@@ -28,7 +28,7 @@ from ..engine.sampling import SamplingConfig, head_steps_applied, sampling_confi
 from ..engine.loop import SampleRNG, Sampler
 from ..store.reader import read_attrs
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
-from ..launch import Ranks, check_shard, gather
+from ..launch import Ranks, check_shard, gather, on_rank0
 from ..store.location import StoreLocation
 from ..store.writer import (CREATING_ATTR, StoreExistsError, StoreWriter, WriteError, check_writer_settings,
                             compressors, create_store, describe_os_error, read_flags)
@@ -407,17 +407,8 @@ def _prepare_ranks(plan: RecordPlan, ranks: Ranks, *, resume, overwrite, repair,
         raise ValueError(f"the torchrun ranks were started with different settings ({', '.join(diff)} of ranks "
                          f"{ranks_differ!r} differ from rank 0's); nothing was written. Start every rank with the "
                          "same command")
-    error = None
-    if ranks.rank == 0:
-        try:
-            _prepare(plan, resume=resume, overwrite=overwrite, repair=repair, compression=compression, shard=None)
-        except (ValueError, OSError) as exc:
-            error = exc
-    first = gather(None if error is None else f"{type(error).__name__}: {error}")[0]
-    if error is not None:
-        raise error
-    if first is not None:
-        raise ValueError(f"rank 0 could not prepare the store {str(plan.out)!r}: {first}")
+    on_rank0(lambda: _prepare(plan, resume=resume, overwrite=overwrite, repair=repair, compression=compression,
+                              shard=None), f"the store {str(plan.out)!r}")
     if ranks.rank != 0:
         check_identity(plan.out, plan.attrs)
 
