@@ -254,7 +254,8 @@ NB04 = [
     # 04 · Selection vs drift (MARché)
 
     MARché refreshes, besides the generating and just-decoded tokens, the top-K tokens by the attention that
-    the generating tokens pay them at layer 2, and assumes these are the tokens whose keys and values drift.
+    the generating tokens pay them at its layer 2 (index 1 here: layer indices are 0-based in mar_probe, as is
+    MARché's `selection_layer`), and assumes these are the tokens whose keys and values drift.
     The review objects that this was never measured. Here: precision of that selection against the tokens
     that actually drift most (top-K by 1 - cosine of K at each later layer), against chance K/N and against
     LazyMAR's criterion; then the oracle that selects by true drift, run as a strategy."""),

@@ -117,6 +117,7 @@ def test_unknown_strategy_and_option_list_valid_ones():
     ("marche", dict(refresh_period=0), "refresh_period must be a positive integer, got 0"),
     ("marche", dict(budget=0), "budget must be a positive integer"),
     ("marche", dict(selection="top"), "selection must be one of"),
+    ("marche", dict(selection_layer=-1), "marche selection_layer must be an integer >= 0, got -1"),
     ("lazymar", dict(refresh_interval=0), "refresh_interval must be a positive integer, got 0"),
     ("lazymar", dict(retain_schedule=(1.5,)), "retain_schedule"),
     ("fewer-steps", dict(num_iter=0), "num_iter must be a positive integer, got 0"),
@@ -190,6 +191,30 @@ def test_marche_active_set_holds_generating_and_caching_tokens(deep_tiny, select
             assert plan.rows["decoder"] == [68, 68] + [int(dec[0].sum())] * 3
             assert plan.active["encoder"][:, 4:][prev.repeat(2, 1)].all()
         prev = to_pred
+
+
+@pytest.mark.parametrize("selection_layer", [0, None, 3, 4])
+def test_marche_selection_layer_is_0_based(deep_tiny, selection_layer):
+    """Issue 18: ``selection_layer`` is a 0-based index like every layer index in mar_probe: layers
+    0..selection_layer run on every row, the later ones (cached) on the active rows only; the default 1 is the
+    paper's 1-based "layer 2" (two full layers, as before the change, when the default was 2)."""
+    opts = {} if selection_layer is None else {"selection_layer": selection_layer}
+    strategy = strategies.create("marche", budget=20, **opts)
+    sel = strategy.config.selection_layer
+    assert sel == (1 if selection_layer is None else selection_layer)
+    obs = _Plans()
+    res = _run(deep_tiny, strategy, observers=[obs])
+    cached = [plan for _, _, plan in obs.plans if not plan.refresh]
+    assert cached
+    for plan in cached:
+        dec = plan.rows["decoder"]                                         # deep_tiny: 5 decoder layers, 68 rows
+        if sel + 1 >= len(dec):                                            # no later layer: the stack runs in full
+            assert dec == [68] * 5 and "decoder" not in plan.active
+            continue
+        na = int(plan.active["decoder"][0].sum())
+        assert na < 68 and dec == [68] * (sel + 1) + [na] * (4 - sel)
+    if sel + 1 >= 5:                                                       # nothing cached in either stack
+        assert res.cost["totals"]["flops"] == _run(deep_tiny, "full").cost["totals"]["flops"]
 
 
 def test_lazymar_caches_follow_the_released_schedule(deep_tiny):

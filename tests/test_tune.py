@@ -173,7 +173,7 @@ def checkpoint(tmp_path_factory):
 def _cli(checkpoint, out, target):
     return ["tune", "--checkpoint", str(checkpoint), "--model", "mar_tiny", "--num-sampling-steps", "4",
             "--num-iter", "6", "--cfg", "3.0", "--num-samples", "2", "--family", "marche", "--param",
-            "budget=8,32,64", "--strategy-opt", "selection_layer=1", "--target", target,
+            "budget=8,32,64", "--strategy-opt", "selection_layer=0", "--target", target,
             "--calibration-seeds", "0,1", "--heldout-seeds", "2", "--out", str(out)]
 
 

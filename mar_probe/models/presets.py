@@ -30,8 +30,9 @@ PRESETS: dict[str, dict] = {
     "fashion_small": dict(_FASHION, buffer_size=16, encoder_embed_dim=192, encoder_depth=4, encoder_num_heads=6,
                           decoder_embed_dim=192, decoder_depth=4, decoder_num_heads=6),
     # MAR-B-shaped candidates for the embedded default (issue 14): MAR-B's 12+12 blocks, buffer 64 and head
-    # width 64, so MARche's layer 2 and LazyMAR's decoder layer 3 sit at MAR-B's relative depth; only the width
-    # differs. benchmarks/pilot_architectures.py compares them at the same wall-clock training budget.
+    # width 64, so MARche's selection layer (index 1, its paper's layer 2) and LazyMAR's prune layer (decoder index
+    # 3, its paper's layer 4) sit at MAR-B's relative depth; only the width differs.
+    # benchmarks/pilot_architectures.py compares them at the same wall-clock training budget.
     **{f"fashion_b{w}": _fashion_b(w) for w in (128, 192, 256)},
     # Tiny models for tests: 64 tokens (8x8 grid) of 2x2 pixel patches; 8x8 images (sklearn digits) padded to 16x16.
     "mar_tiny": dict(img_size=16, crop_size=8, attn_dropout=0.0, proj_dropout=0.0, vae_stride=2, patch_size=1,

@@ -4,13 +4,15 @@ How it applies to MAR's two stacks (the paper speaks of one transformer; MAR has
 the known tokens and a decoder over the buffer and all tokens). Both stacks are treated the same way, each with
 its own position-indexed cache of keys/values per layer and of its last-layer output:
 
-* Layers ``1..selection_layer`` run full attention (and the FFN) on every row of the stack, every step.
+* Layers ``0..selection_layer`` (0-based, as every layer index in mar_probe) run full attention (and the FFN) on
+  every row of the stack, every step. The default ``selection_layer=1`` is the paper's (1-based) "layer 2".
 * At layer ``selection_layer`` the head-averaged attention of the *anchor* rows ranks all rows; the active set is
   the *must* rows plus the top-K ranked others, K = budget - |must| (>= 0: must rows are always computed, even
   beyond the budget).
-* From the next layer on, active rows attend to their fresh K/V and to the cached K/V of the other rows through
-  cache-aware attention (two partial attentions merged with log-sum-exp); only active rows run the FFN and update
-  the cache. Rows not active take their stack output from the output cache.
+* From the next layer on (``selection_layer + 1 .. depth - 1``, the cached layers), active rows attend to their
+  fresh K/V and to the cached K/V of the other rows through cache-aware attention (two partial attentions merged
+  with log-sum-exp); only active rows run the FFN and update the cache. Rows not active take their stack output
+  from the output cache.
 * Everything is recomputed (and the caches refreshed) at step 0 and whenever ``step % refresh_period == 0``.
 
 Beyond the paper (options, all off by default):
@@ -31,7 +33,13 @@ caching tokens (decoded at the previous step, whose decoder input changed). Enco
 not in the encoder (it sees only known tokens), so the anchors and must rows are the caching tokens: they are
 the rows new to the encoder (no cached K/V exists for them) and the only inputs that changed since the last step.
 Both CFG branches are computed, each with its own selection. ``stacks`` limits MARché to one stack (the other
-then runs in full).
+then runs in full). A stack with no layer after the selection layer (depth <= ``selection_layer + 1``) runs in
+full.
+
+``selection_layer`` was 1-based (default 2) until issue 18, the only 1-based layer index in mar_probe; it is now
+0-based like hook names (``dec.3.attn.hook_k``), store coordinates and LazyMAR's ``prune_layer``, so one index
+names one layer everywhere (the papers' 1-based names appear only in labels). Old value ``v`` is new ``v - 1``,
+with bit-identical results.
 """
 from __future__ import annotations
 
@@ -55,7 +63,9 @@ class MARcheConfig:
     """Options of :class:`MARcheStrategy` (paper defaults).
 
     budget : active rows per cached layer (generating + caching + refreshing).
-    selection_layer : 1-based layer whose head-averaged attention ranks the rows; layers up to it run in full.
+    selection_layer : 0-based index of the layer whose head-averaged attention ranks the rows; layers
+        ``0..selection_layer`` run in full, the later ones are cached. The paper's 1-based "layer 2" is index 1
+        (the default). 1-based before issue 18 (old ``v`` = new ``v - 1``).
     refresh_period : full recompute when ``step % refresh_period == 0`` (and at step 0).
     selection : ``attention`` (top-K attended), ``low-attention`` (least attended), ``random`` or ``oracle``
         (top-K true K/V drift, see the module docstring).
@@ -65,7 +75,7 @@ class MARcheConfig:
     refresh_mass : in (0, 1]: adaptive budget covering this share of the ranking scores (0: fixed budget).
     """
     budget: int = 64
-    selection_layer: int = 2
+    selection_layer: int = 1
     refresh_period: int = 3
     selection: str = "attention"
     stacks: tuple[str, ...] = STACKS
@@ -74,7 +84,7 @@ class MARcheConfig:
     refresh_mass: float = 0.0
 
     def __post_init__(self):
-        check_ints("marche", self, (("budget", 1), ("selection_layer", 1), ("refresh_period", 1)))
+        check_ints("marche", self, (("budget", 1), ("selection_layer", 0), ("refresh_period", 1)))
         if self.selection not in SELECTIONS:
             raise ValueError(f"marche selection must be one of {SELECTIONS!r}, got {self.selection!r}")
         bad = [s for s in self.stacks if s not in STACKS]
@@ -165,12 +175,12 @@ class MARcheStrategy(Strategy):
         """Run one stack on rows x [B', N, D] at positions pos [B', N]; returns its last hidden state."""
         blocks = stack_blocks(model, stack)
         sel = self.config.selection_layer
-        if refresh or stack not in self.config.stacks or len(blocks) <= sel:
+        if refresh or stack not in self.config.stacks or len(blocks) <= sel + 1:       # no layer to cache
             return self._full_stack(model, stack, blocks, x, pos, plan, timer)
         b, n, _ = x.shape
-        for i in range(sel - 1):
+        for i in range(sel):                                               # layers before the selection layer
             x, _, _ = full_block(blocks[i], x)
-        x, scores = self._selection_block(blocks[sel - 1], x, anchors)    # scores [B', N]
+        x, scores = self._selection_block(blocks[sel], x, anchors)        # scores [B', N]
         if self.config.selection == "oracle":
             scores = self._drift_scores(stack, pos)
         if self.config.refresh_threshold > 0 and stack == "decoder":
@@ -180,7 +190,7 @@ class MARcheStrategy(Strategy):
         pos_a, pos_c = torch.gather(pos, 1, act_idx), torch.gather(pos, 1, cached_idx)
         xa = gather_rows(x, act_idx)                                       # [B', Na, D]
         cache = self.caches[stack]
-        for i in range(sel, len(blocks)):
+        for i in range(sel + 1, len(blocks)):                              # the cached layers
             kc, vc = cache.fetch(i, pos_c)
             xm, k, v = active_attention(blocks[i], xa, kc, vc)
             xa = block_mlp(blocks[i], xm)
@@ -190,9 +200,9 @@ class MARcheStrategy(Strategy):
         scatter_rows(self.outputs[stack], pos_a, xa)
         na = act_idx.shape[1]
         n_anchor = int(anchors[0].sum())
-        count_blocks(timer, model, stack, b, n, n, layers=sel, extra_qk=n_anchor)
-        count_blocks(timer, model, stack, b, na, n, layers=len(blocks) - sel)
-        plan.rows[stack] = [n] * sel + [na] * (len(blocks) - sel)
+        count_blocks(timer, model, stack, b, n, n, layers=sel + 1, extra_qk=n_anchor)
+        count_blocks(timer, model, stack, b, na, n, layers=len(blocks) - sel - 1)
+        plan.rows[stack] = [n] * (sel + 1) + [na] * (len(blocks) - sel - 1)
         plan.active[stack] = torch.zeros(b, model.buffer_size + model.seq_len, dtype=torch.bool,
                                          device=x.device).scatter_(1, pos_a, True)
         return out
@@ -205,9 +215,9 @@ class MARcheStrategy(Strategy):
         full_positions = None if n == length else pos
         for i, block in enumerate(blocks):
             x, k, v = full_block(block, x)
-            if i >= self.config.selection_layer:
+            if i > self.config.selection_layer:                            # the layers cached between refreshes
                 cache.store(i, k, v, full_positions, length)
-            if i == self.config.selection_layer - 1 and self.config.refresh_threshold > 0:
+            if i == self.config.selection_layer and self.config.refresh_threshold > 0:
                 self.snapshot[stack] = x
         if stack not in self.outputs:
             self.outputs[stack] = x.new_zeros(b, length, x.shape[-1])
@@ -232,7 +242,7 @@ class MARcheStrategy(Strategy):
         """Oracle ranking [B', N]: relative error of the cached K/V of the rows at ``pos`` against the reference,
         mean over the cached layers."""
         ref, cache = self.reference.stack(stack), self.caches[stack]
-        layers = range(self.config.selection_layer, len(ref.k))
+        layers = range(self.config.selection_layer + 1, len(ref.k))
         return sum(kv_error(*cache.fetch(i, pos), ref.k[i], ref.v[i]) for i in layers) / len(layers)
 
     def _select(self, scores, must):
