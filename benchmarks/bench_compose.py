@@ -12,8 +12,8 @@ modulation; or the head cache alone). Two measurements, both cheap:
    (``AXIS_HEAD``), every head side with one token side (``AXIS_TOKENS``) — and each cell is the sum of its
    transformer and head FLOPs; one off-axis composition (``CHECK``) is run in full and must equal its sum exactly
    (the script stops otherwise). ``full``, ``full-b`` (``full`` with only the head's batched modulation, the fair
-   reference, see docs/strategies.md) and ``lazymar`` (= ``compose tokens=lazymar condition_cache=false``, bit for
-   bit: tests/test_compose_head.py) are cells of the same sums (``full`` is run).
+   reference, see docs/strategies.md) and ``lazymar`` (= ``compose tokens=lazymar``, bit for bit:
+   tests/test_compose_head.py) are cells of the same sums (``full`` is run).
 2. **Fidelity on the embedded default** (``mar_probe.load_model()``, ``--fidelity-iter`` steps,
    ``--fidelity-samples`` images per seed, its recommended CFG): every composition against ``full`` and, image by
    image, against ``lazymar`` (the issue's fidelity bar), in two protocols: *paired*, :func:`mar_probe.compare.compare`
@@ -48,8 +48,8 @@ TOKEN_SIDES = {                     # label -> compose token-side options
     "marche+cc": dict(tokens="marche"),
     "marche+cc-w5": dict(tokens="marche", condition_warmup=5),
     "marche": dict(tokens="marche", condition_cache=False),
-    "lazymar": dict(tokens="lazymar", condition_cache=False),                     # its own condition cache
-    "lazymar-nocc": dict(tokens="lazymar", condition_cache=False, token_opts={"condition_cache": False}),
+    "lazymar": dict(tokens="lazymar"),                 # compose's condition cache is lazymar's (the same part)
+    "lazymar-nocc": dict(tokens="lazymar", condition_cache=False),
     "recap+cc": dict(tokens="recap"),
     "recap": dict(tokens="recap", condition_cache=False),
 }

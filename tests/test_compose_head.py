@@ -29,8 +29,6 @@ def _exact_tokens(name):
 
 def _compose(name="marche", **opts):
     opts.setdefault("token_opts", _exact_tokens(name))
-    if name == "lazymar":
-        opts.setdefault("condition_cache", False)
     return strategies.create("compose", tokens=name, **opts)
 
 
@@ -98,11 +96,15 @@ def test_head_cache_alone_equals_lazymar_head_cache(deep_tiny, full):
     assert not torch.equal(composed.tokens, full.tokens)
 
 
-def test_lazymar_token_policy_held_whole_equals_lazymar(deep_tiny):
-    """tokens=lazymar (its token and condition caches) with compose's head cache at lazymar's defaults is lazymar."""
-    composed = strategies.create("compose", tokens="lazymar", condition_cache=False)
-    _same(_run(deep_tiny, composed), _run(deep_tiny, "lazymar"))
-    assert "head_interval" not in composed.to_dict()["token_strategy"]          # its own head is never called
+@pytest.mark.parametrize("condition_cache", [True, False])
+def test_lazymar_is_its_token_policy_with_the_condition_and_head_caches(deep_tiny, condition_cache):
+    """lazymar is built of parts (issue 18 item 4): compose's condition cache and head cache (at lazymar's defaults)
+    around lazymar's token cache equal lazymar bit for bit, with or without the condition cache."""
+    composed = strategies.create("compose", tokens="lazymar", condition_cache=condition_cache)
+    _same(_run(deep_tiny, composed), _run(deep_tiny, strategies.create("lazymar", condition_cache=condition_cache)))
+    assert type(composed.tokens).__name__ == "LazyMARTokens"
+    policy = composed.to_dict()["token_strategy"]
+    assert "head_interval" not in policy and "condition_cache" not in policy    # parts compose holds itself
 
 
 # ---- the head cache over the schedule's respaced steps --------------------------------------------------------
@@ -164,7 +166,7 @@ def test_time_tables_are_made_once_per_process_and_batch(deep_tiny):
 @pytest.mark.parametrize("name, token_opts, condition", [
     ("marche", {"budget": 20}, True),
     ("recap", {"warmup_steps": 2}, True),
-    ("lazymar", {"warmup_steps": 2, "refresh_interval": 3}, False),
+    ("lazymar", {"warmup_steps": 2, "refresh_interval": 3}, True),
 ])
 def test_token_policies_compose_with_a_schedule_and_the_head_cache(deep_tiny, name, token_opts, condition):
     obs = _Head(deep_tiny)
@@ -206,12 +208,13 @@ def test_command_line_text_parses_into_the_typed_options():
     (dict(tokens="recap", token_opts={"head_fraction": 0.5}),
      r"compose token_opts option 'head_fraction'=0.5 is 'recap''s own head, which compose never calls .* "
      r"head_schedule, head_opts"),
-    (dict(tokens="lazymar", condition_cache=False, token_opts="head_interval=3"),
+    (dict(tokens="lazymar", token_opts="head_interval=3"),
      r"compose token_opts option 'head_interval'=3 is 'lazymar''s own head"),
-    (dict(tokens="lazymar"), r"compose tokens='lazymar' does not expose its decoder hidden state, which compose's "
-                             r"condition cache wraps .* set condition_cache=false"),
+    (dict(tokens="lazymar", token_opts={"condition_cache": False}),
+     r"compose token_opts option 'condition_cache'=False is 'lazymar''s own condition cache, which compose never "
+     r"uses; set compose's condition_cache and condition_warmup instead"),
     (dict(tokens="disa", condition_cache=False),
-     r"compose tokens='disa' does not expose its decoder hidden state; expected .* \('lazymar',\)"),
+     r"compose tokens='disa' does not expose its decoder hidden state; expected .* 'marche', 'recap' or 'lazymar'"),
 ])
 def test_bad_options_are_refused_naming_the_value(options, match):
     with pytest.raises(ValueError, match=match):

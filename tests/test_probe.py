@@ -160,7 +160,7 @@ class _Used:
         strategy.head_sample = head_sample
 
     def step_end(self, state, sampled):
-        s = self.strategy
+        s = self.strategy.token_policy()                                # lazymar's caches are its token part's
         caches = {"enc": s.caches["encoder"], "dec": s.caches["decoder"]} if hasattr(s, "caches") else \
             {"enc": s.enc_cache, "dec": s.dec_cache}
         self.steps.append({"plan": state.outputs.plan, "to_pred": state.to_pred.clone(),

@@ -154,6 +154,6 @@ def test_compose_derives_uncond_between_refreshes_and_caches_the_head(deep_tiny)
 
 def test_compose_rejects_policies_without_hidden_state():
     with pytest.raises(ValueError, match="does not expose its decoder hidden state.*'marche'"):
-        strategies.create("compose", tokens="lazymar")
+        strategies.create("compose", tokens="disa")
     with pytest.raises(ValueError, match="has no option 'budjet'"):
         strategies.create("compose", token_opts="budjet=3")

@@ -84,6 +84,12 @@ class Strategy:
         """
         raise NotImplementedError(f"strategy {self.name!r} does not expose its decoder hidden state")
 
+    def token_policy(self) -> Strategy:
+        """The part of this strategy that decides which rows each layer computes, without its condition or head
+        cache: what ``compose`` holds as its token side (the strategy itself unless it is built of parts, as
+        ``lazymar`` is)."""
+        return self
+
     def transformer(self, model, state, timer) -> torch.Tensor:
         """Return the decoder output z [B', L, D] for the step's branches (cond first, then uncond)."""
         x = self.hidden(model, state, timer)

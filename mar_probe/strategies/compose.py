@@ -3,13 +3,10 @@ cache) and a head side (a head-step schedule and LazyMAR's diffusion-head cache)
 
 Token side:
 
-* **Token policy**: a registered strategy that decides which rows each layer computes, built from ``tokens`` and
-  ``token_opts`` (default: MARché). A policy that exposes its decoder hidden state
-  (:meth:`~mar_probe.engine.strategy.Strategy.hidden`: ``marche`` and its variants, ``recap``) is wrapped by
-  compose's condition cache; ``lazymar``, whose condition cache lives inside its token cache (the released code
-  derives the unconditional branch at the output of its pruned decoder), has no hidden state and is held whole
-  through its ``transformer``: it needs ``condition_cache=False`` (its own ``condition_cache`` token option does that
-  job) and compose refuses it otherwise, saying so.
+* **Token policy**: the part of a registered strategy that decides which rows each layer computes
+  (:meth:`~mar_probe.engine.strategy.Strategy.token_policy`), built from ``tokens`` and ``token_opts`` (default:
+  MARché); it must expose its decoder hidden state (:meth:`~mar_probe.engine.strategy.Strategy.hidden`:
+  ``marche`` and its variants, ``recap``, and ``lazymar``'s token cache, :class:`~.lazymar.LazyMARTokens`).
 * **Condition cache** (LazyMAR's): on the token policy's refresh steps both CFG branches are computed and the
   difference ``uncond - cond`` of the decoder's last hidden state is stored; on its other steps the token policy
   runs on the conditional branch only and the unconditional hidden state is ``cond + difference``.
@@ -46,15 +43,15 @@ from .condition_cache import ConditionCache, cond_only  # noqa: F401  (cond_only
 from .head_cache import HeadCache, HeadCacheConfig
 from .head_schedule import HEAD_SCHEDULES
 
-WHOLE_POLICIES: tuple[str, ...] = ("lazymar",)
-"""Token policies without a decoder hidden state that compose holds whole (their ``transformer``), with their own
-condition cache: compose's ``condition_cache`` must then be off."""
-
 HEAD_SIDE_OPTIONS: dict[str, tuple[str, ...]] = {
     "recap": ("head_fraction",),
     "lazymar": ("head_cache", "head_interval", "head_warm_fraction", "head_delta_blocks", "head_batch_modulation"),
 }
 """Options of a token policy that belong to its own head, which compose never calls: refused in ``token_opts``."""
+
+CONDITION_SIDE_OPTIONS: dict[str, tuple[str, ...]] = {"lazymar": ("condition_cache",)}
+"""Options of a token policy that belong to its own condition cache, which compose's ``condition_cache`` replaces:
+refused in ``token_opts``."""
 
 
 def _typed_options(owner: str, strategy: str, opts) -> dict:
@@ -76,12 +73,13 @@ def _typed_options(owner: str, strategy: str, opts) -> dict:
 class ComposeConfig:
     """Options of :class:`ComposeStrategy`.
 
-    tokens : registered strategy deciding which rows each layer computes (implementing ``hidden``, or ``lazymar``).
+    tokens : registered strategy whose token policy decides which rows each layer computes (implementing ``hidden``).
     token_opts : its options, typed (``{"budget": 32, "refresh_period": 4}``); the command line's
         ``KEY=VALUE;KEY=VALUE`` string is parsed into the same dict (issue 18: nested options are typed). Options of
         the policy's own head (``HEAD_SIDE_OPTIONS``) are refused: compose's head side samples.
-    condition_cache : derive the unconditional branch between the token policy's refresh steps (needs a policy with
-        a hidden state; off for ``lazymar``, which has its own).
+    condition_cache : derive the unconditional branch between the token policy's refresh steps (LazyMAR's condition
+        cache, the part ``lazymar`` holds too; ``lazymar``'s own ``condition_cache`` option is refused in
+        ``token_opts``, as this one replaces it).
     condition_warmup : steps ``< condition_warmup`` compute both branches (LazyMAR computes everything in its first
         5 steps, where the CFG residual still moves most); 0 derives from step 1 on.
     head_cache : LazyMAR's diffusion-head cache; ``head_interval`` is its recompute interval and
@@ -111,6 +109,11 @@ class ComposeConfig:
                              f"own head, which compose never calls (its head side samples every step); set the head "
                              f"with compose's head_schedule, head_opts, head_cache, head_interval and "
                              f"head_batch_modulation instead")
+        condition_side = [k for k in CONDITION_SIDE_OPTIONS.get(self.tokens, ()) if k in opts]
+        if condition_side:
+            raise ValueError(f"compose token_opts option {condition_side[0]!r}={opts[condition_side[0]]!r} is "
+                             f"{self.tokens!r}'s own condition cache, which compose never uses; set compose's "
+                             f"condition_cache and condition_warmup instead")
         object.__setattr__(self, "token_opts", opts)
         if self.head_schedule is not None and self.head_schedule not in HEAD_SCHEDULES:
             raise ValueError(f"compose head_schedule must be one of {tuple(HEAD_SCHEDULES)!r} or None, "
@@ -146,17 +149,10 @@ class ComposeStrategy(Strategy):
 
     def __init__(self, **options):
         self.config = c = ComposeConfig(**options)
-        self.tokens = create(c.tokens, **c.token_options())
-        self.whole = type(self.tokens).hidden is Strategy.hidden
-        if self.whole and c.tokens not in WHOLE_POLICIES:
+        self.tokens = create(c.tokens, **c.token_options()).token_policy()
+        if type(self.tokens).hidden is Strategy.hidden:
             raise ValueError(f"compose tokens={c.tokens!r} does not expose its decoder hidden state; expected a "
-                             f"strategy implementing Strategy.hidden, such as 'marche' or 'recap', or one of "
-                             f"{WHOLE_POLICIES!r} (held whole, with its own condition cache)")
-        if self.whole and c.condition_cache:
-            raise ValueError(f"compose tokens={c.tokens!r} does not expose its decoder hidden state, which compose's "
-                             f"condition cache wraps (as it does for 'marche' or 'recap'); {c.tokens!r} derives the "
-                             f"unconditional branch with its own condition cache (token_opts condition_cache): set "
-                             f"condition_cache=false to hold it whole")
+                             f"strategy implementing Strategy.hidden, such as 'marche', 'recap' or 'lazymar'")
         self.condition = ConditionCache(c.condition_warmup) if c.condition_cache else None
         config = c.schedule_config()
         self.schedule = HEAD_SCHEDULES[c.head_schedule](config) if config is not None else None
@@ -190,14 +186,7 @@ class ComposeStrategy(Strategy):
     def is_refresh(self, step):
         return self.tokens.is_refresh(step)
 
-    def transformer(self, model, state, timer):
-        if self.whole:
-            return self.tokens.transformer(model, state, timer)
-        return super().transformer(model, state, timer)
-
     def hidden(self, model, state, timer):
-        if self.whole:
-            return super().hidden(model, state, timer)   # raises: a whole policy has no hidden state
         if self.condition is None:
             return self.tokens.hidden(model, state, timer)
         return self.condition.hidden(self.tokens, model, state, timer)

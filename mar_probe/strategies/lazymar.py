@@ -16,6 +16,12 @@ Every constant of the released code is an option with the code's default:
   are read by the head).
 * Condition cache: cached steps compute only the conditional branch; the unconditional last-layer hidden state is
   the conditional one plus ``uncond - cond`` cached at the last full step.
+
+The three caches are separate parts (issue 18, item 4): the token cache is :class:`LazyMARTokens` (a token policy
+that computes whichever branches its step state holds), the condition cache the
+:class:`~mar_probe.strategies.condition_cache.ConditionCache` and the head cache the
+:class:`~mar_probe.strategies.head_cache.HeadCache` that ``compose`` holds too, so ``compose tokens=lazymar`` is
+``lazymar`` bit for bit.
 * Diffusion-head cache, within each step's diffusion sampling: the network runs in full (both CFG halves) at
   reverse index ``i == T-1`` and ``i % head_interval == 0`` (7), storing each residual block's MLP output, the
   increments of blocks ``head_delta_blocks`` (1-4) and ``cond_eps - uncond_eps``. In between only the conditional
@@ -36,6 +42,7 @@ repeats its last ratio; a decoder with at most ``prune_layer`` layers prunes not
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -43,11 +50,15 @@ import torch.nn.functional as F
 
 from .._config import check_ints
 from . import register
+from .condition_cache import ConditionCache
 from .head_cache import HeadCache, HeadCacheConfig
 from ..engine.cost import linear_flops
 from ..engine.strategy import StepPlan, Strategy, count_blocks, count_embeddings
 from .layers import KVCache, active_attention, block_mlp, full_block, gather_rows, rows_of, scatter_rows
 
+CONDITION_AND_HEAD_OPTIONS: tuple[str, ...] = ("condition_cache", "head_cache", "head_interval", "head_warm_fraction",
+                                             "head_delta_blocks", "head_batch_modulation")
+"""Options of the condition and head caches, which the token cache (:class:`LazyMARTokens`) does not read."""
 RETAIN_SCHEDULE = (1.0,) * 20 + (0.6,) + (0.5,) * 4 + (0.4,) * 5 + (0.15,) * 5 + (0.12,) * 5 + (0.05,) * 24
 
 
@@ -86,99 +97,125 @@ class LazyMARConfig:
 
 @register("lazymar")
 class LazyMARStrategy(Strategy):
-    """LazyMAR: token cache, condition cache and diffusion-head cache (see the module docstring)."""
+    """LazyMAR as three parts (issue 18, item 4): its token cache (:class:`LazyMARTokens`), the condition cache
+    (:class:`~mar_probe.strategies.condition_cache.ConditionCache`) and the diffusion-head cache
+    (:class:`~mar_probe.strategies.head_cache.HeadCache`); see the module docstring."""
 
     name = "lazymar"
     Config = LazyMARConfig
 
     def __init__(self, **options):
-        self.config = LazyMARConfig(**options)
-        self.head = HeadCache(self.config.head_config())
-        self._reset()
-
-    def _reset(self):
-        self.enc_cache, self.dec_cache = KVCache(), KVCache()
-        self.dec_in = self.diff = self.prev_to_pred = None
-        self.head.reset()
+        self.config = c = LazyMARConfig(**options)
+        self.tokens = LazyMARTokens(c)
+        self.condition = ConditionCache() if c.condition_cache else None
+        self.head = HeadCache(c.head_config())
 
     @classmethod
     def exact_options(cls, num_iter):
         return {"refresh_interval": 1, "head_interval": 1}
 
-    def begin(self, model, batch_size, num_iter):
-        self._reset()
+    def token_policy(self):
+        return self.tokens
 
-    def is_full(self, step: int) -> bool:
+    def begin(self, model, batch_size, num_iter):
+        self.tokens.begin(model, batch_size, num_iter)
+        for part in (self.condition, self.head):
+            if part is not None:
+                part.reset()
+
+    def is_refresh(self, step: int) -> bool:
+        return self.tokens.is_refresh(step)
+
+    def hidden(self, model, state, timer):
+        if self.condition is None:
+            return self.tokens.hidden(model, state, timer)
+        return self.condition.hidden(self.tokens, model, state, timer)
+
+    def head_sample(self, model, z, state, rng):
+        if not self.config.head_cache:
+            return super().head_sample(model, z, state, rng)
+        return self.head.head_sample(model, z, state, rng)
+
+
+class LazyMARTokens(Strategy):
+    """LazyMAR's token cache alone: the encoder's incremental K/V and the decoder's V-cosine pruning, on the rows of
+    the branches the step state holds (both on refresh steps; the conditional one alone on the steps where a
+    condition cache derives the other). Its caches keep every row it computed, so the same part serves with or
+    without a condition cache (compose holds it as a token policy)."""
+
+    name = "lazymar"
+
+    def __init__(self, config: LazyMARConfig):
+        self.config = config
+        self.enc_cache, self.dec_cache = KVCache(), KVCache()
+        self.dec_in = self.prev_to_pred = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **{k: v for k, v in dataclasses.asdict(self.config).items()
+                                      if k not in CONDITION_AND_HEAD_OPTIONS}}
+
+    def begin(self, model, batch_size, num_iter):
+        self.enc_cache, self.dec_cache = KVCache(), KVCache()
+        self.dec_in = self.prev_to_pred = None
+
+    def is_refresh(self, step: int) -> bool:
         """Whether ``step`` computes everything (warm-up or periodic refresh), as ``global_force_fresh``."""
         c = self.config
         return step < c.warmup_steps or (step - c.warmup_steps) % c.refresh_interval == 0 or self.dec_in is None
 
-    def is_refresh(self, step: int) -> bool:
-        return self.is_full(step)
-
-    def transformer(self, model, state, timer):
-        derive = self.config.condition_cache and len(state.branches) == 2
-        rows = state.batch_size if derive else state.tokens_in.shape[0]   # branch rows computed on cached steps
-        if self.is_full(state.step):
-            z = self._full_step(model, state, timer, rows, derive)
-        else:
-            z = self._cached_step(model, state, timer, rows, derive)
+    def hidden(self, model, state, timer):
+        x = self._full_step(model, state, timer) if self.is_refresh(state.step) else \
+            self._cached_step(model, state, timer)
         self.prev_to_pred = state.to_pred
-        return z
+        return x
 
     # ---- full steps ------------------------------------------------------------------------------------
-    def _full_step(self, model, state, timer, rows, derive):
+    def _full_step(self, model, state, timer):
         b, length = state.tokens_in.shape[0], model.buffer_size + model.seq_len
         pos = state.enc_positions                                           # [B', Nenc]
         with timer("encoder"):
             x = model.encoder_input(state.tokens_in, state.mask_in, state.class_embedding)
             for i, block in enumerate(model.encoder_blocks):
                 x, k, v = full_block(block, x)
-                self.enc_cache.store(i, k[:rows], v[:rows], pos[:rows], length)
+                self.enc_cache.store(i, k, v, pos, length)
             x = model.encoder_norm(x)
         with timer("decoder"):
             x = model.decoder_input(x, state.mask_in)                       # [B', S+L, D]
-            self.dec_in = x[:rows].clone()
+            self.dec_in = x.clone()
             for i, block in enumerate(model.decoder_blocks):
                 x, k, v = full_block(block, x)
-                self.dec_cache.store(i, k[:rows], v[:rows], None, length)
-            if derive:
-                bsz = state.batch_size
-                self.diff = x[bsz:] - x[:bsz]                               # [B, S+L, D] uncond - cond
-            z = model.decoder_output(x)
+                self.dec_cache.store(i, k, v, None, length)
         n_enc = pos.shape[1]
         count_embeddings(timer, model, b, n_enc)
         count_blocks(timer, model, "encoder", b, n_enc, n_enc, layers=len(model.encoder_blocks))
         count_blocks(timer, model, "decoder", b, length, length, layers=len(model.decoder_blocks))
         state.outputs.plan = StepPlan(refresh=True, computed=state.branches, rows={
             "encoder": [n_enc] * len(model.encoder_blocks), "decoder": [length] * len(model.decoder_blocks)})
-        return z
+        return x
 
     # ---- cached steps ----------------------------------------------------------------------------------
-    def _cached_step(self, model, state, timer, rows, derive):
-        plan = StepPlan(refresh=False, computed=state.branches[:1] if derive else state.branches,
-                        derived=state.branches[1:] if derive else ())
-        prev = self._positions_mask(model, self.prev_to_pred, state, rows)  # [rows, S+L] decoded last step
+    def _cached_step(self, model, state, timer):
+        """The step's rows (B' = B x branches of ``state``; the cache's first B' rows are theirs)."""
+        rows = state.tokens_in.shape[0]
+        plan = StepPlan(refresh=False, computed=state.branches)
+        prev = self._positions_mask(model, self.prev_to_pred, state)      # [B', S+L] decoded last step
         with timer("encoder"):
             self._encoder(model, state, timer, rows, prev, plan)
         with timer("decoder"):
-            x = self._decoder(model, state, timer, rows, prev, plan)       # [rows, S+L, D]
-            if derive:
-                x = torch.cat([x, x + self.diff], dim=0)                    # [B', S+L, D]
-            z = model.decoder_output(x)
+            x = self._decoder(model, state, timer, rows, prev, plan)       # [B', S+L, D]
         state.outputs.plan = plan
-        return z
+        return x
 
-    def _positions_mask(self, model, token_mask, state, rows):
-        """Token mask [B, L] -> [rows, S+L] over buffer + token positions (buffer False)."""
-        m = token_mask.repeat(len(state.branches), 1)[:rows]
-        return torch.cat([torch.zeros(rows, model.buffer_size, dtype=torch.bool, device=m.device), m], dim=1)
+    def _positions_mask(self, model, token_mask, state):
+        """Token mask [B, L] -> [B', S+L] over buffer + token positions (buffer False)."""
+        m = token_mask.repeat(len(state.branches), 1)
+        return torch.cat([torch.zeros(m.shape[0], model.buffer_size, dtype=torch.bool, device=m.device), m], dim=1)
 
     def _encoder(self, model, state, timer, rows, prev, plan):
         """Buffer + just-decoded rows through the encoder; writes their decoder input into the cache."""
         length = model.buffer_size + model.seq_len
-        x = model.encoder_input(state.tokens_in[:rows], state.mask_in[:rows], state.class_embedding[:rows])
-        pos = state.enc_positions[:rows]                                    # [rows, Nenc]
+        x = model.encoder_input(state.tokens_in, state.mask_in, state.class_embedding)
+        pos = state.enc_positions                                           # [rows, Nenc]
         new = torch.gather(prev, 1, pos)
         new[:, :model.buffer_size] = True                                   # buffer rows come first in pos
         if not self.config.token_cache:
@@ -204,7 +241,7 @@ class LazyMARStrategy(Strategy):
     def _decoder(self, model, state, timer, rows, prev, plan):
         """Decoder on the cached decoder input: all rows up to the prune layer, the kept rows after it."""
         blocks, p = model.decoder_blocks, self.config.prune_layer
-        x = self.dec_in.clone()                                             # [rows, S+L, D]
+        x = self.dec_in[:rows].clone()                                      # [rows, S+L, D]
         n = x.shape[1]
         for i in range(min(p, len(blocks))):
             x, k, v = full_block(blocks[i], x)
@@ -226,13 +263,13 @@ class LazyMARStrategy(Strategy):
         count_blocks(timer, model, "decoder", rows, nk, n, layers=len(blocks) - p - 1)
         plan.rows["decoder"] = [n] * (p + 1) + [nk] * (len(blocks) - p - 1)
         plan.active["decoder"] = torch.zeros_like(prev).scatter_(1, keep, True)
-        return scatter_rows(torch.zeros_like(self.dec_in), keep, x)
+        return scatter_rows(torch.zeros_like(self.dec_in[:rows]), keep, x)
 
     def _prune_layer(self, block, x, state, rows, prev):
         """Layer ``prune_layer``: attention on all rows, then keep the rows whose V changed most; MLP on them."""
         p = self.config.prune_layer
         q, k, v = block.attn.qkv_heads(block.norm1(x))
-        v_old = self.dec_cache.v[p]
+        v_old = self.dec_cache.v[p][:rows]                                  # [rows, H, S+L, Dh]
         self.dec_cache.store(p, k, v, None, x.shape[1])
         x = block.hook_resid_mid(x + block.attn.project(block.attn.attend(q, k, v)))
         score = F.cosine_similarity(v, v_old, dim=-1).mean(dim=1)          # [rows, S+L]
@@ -254,9 +291,3 @@ class LazyMARStrategy(Strategy):
         """Generating tokens [rows, S+L] (buffer False)."""
         g = state.to_pred_branches[:rows]
         return torch.cat([torch.zeros(rows, n - g.shape[1], dtype=torch.bool, device=g.device), g], dim=1)
-
-    # ---- diffusion head ---------------------------------------------------------------------------------
-    def head_sample(self, model, z, state, rng):
-        if not self.config.head_cache:
-            return super().head_sample(model, z, state, rng)
-        return self.head.head_sample(model, z, state, rng)
