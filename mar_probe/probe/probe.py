@@ -35,11 +35,10 @@ import torch
 from ..hooks import trace
 from ..store.schema import RunLayout, resolve
 from ..store.spec import SelectionSpec
+from ..store.variables import VARIABLES
 from ..vocab import PREFIXES
 from .rows import StepRows
 
-_HOOK_OF = {"q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v", "resid_post": "hook_resid_post",
-            "resid_mid": "hook_resid_mid", "attn_out": "attn.hook_attn_out", "mlp_out": "hook_mlp_out"}
 _TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -62,20 +61,15 @@ class _Capture:
 
 
 def _routes(layout: RunLayout) -> dict[str, list[tuple[str, int]]]:
-    """Hook name -> [(variable, layer position)] for the selected variables (attn_gen reads q and k)."""
+    """Hook name -> [(variable, layer position)] for the selected variables, from their declared hooks
+    (:data:`~mar_probe.store.variables.VARIABLES`; ``attn_gen`` reads q and k)."""
     routes: dict[str, list] = {}
-    for var in layout.spec.variables:
-        if var in ("z", "z_cfg_resid"):
-            routes.setdefault("z", []).append((var, 0))
-            continue
-        if var == "attn_gen":
-            for pos, layer in enumerate(layout.layers["dec"]):
-                for q in ("q", "k"):
-                    routes.setdefault(f"dec.{layer}.attn.hook_{q}", []).append(("attn_gen", pos))
-            continue
-        stack, quantity = var.split("_", 1)
-        for pos, layer in enumerate(layout.layers[stack]):
-            routes.setdefault(f"{stack}.{layer}.{_HOOK_OF[quantity]}", []).append((var, pos))
+    for name in layout.spec.variables:
+        var = VARIABLES[name]
+        layers = layout.layers[var.stack] if var.layered else (None,)
+        for pos, layer in enumerate(layers):
+            for hook in var.hook_names(layer):
+                routes.setdefault(hook, []).append((name, pos or 0))
     return routes
 
 
@@ -150,9 +144,10 @@ class Probe:
             raise ValueError(f"hook {name!r} saw {tensor.shape[0]} batch rows; expected a multiple of the batch "
                              f"size {s.batch_size} for up to {len(s.branches)} CFG branches {s.branches!r}")
         for var, pos in self.routes[name]:
-            if var == "attn_gen":
+            derive = VARIABLES[var].derive
+            if derive == "attn_gen":
                 self._capture_qk(name, pos, tensor, groups)
-            elif var == "z_cfg_resid":
+            elif derive == "cfg_resid":
                 b = s.batch_size
                 self._resid = tensor[:b].float() - tensor[b:2 * b].float()          # [B, L, D]
             else:
@@ -189,26 +184,28 @@ class Probe:
         lay = self.layout.variables[var]
         out = torch.full((self._state.batch_size,) + lay.shape[2:], float("nan"), dtype=self._dtype,
                          device=self._device)
-        if var == "z_cfg_resid":
+        declared = VARIABLES[var]
+        if declared.derive == "cfg_resid":
             return self._finish_resid(out, rows)
-        layered = var != "z"
-        stack = "enc" if var.startswith("enc_") else "dec"
+        layered, stack = declared.layered, declared.stack
         for li in range(lay.shape[3] if layered else 1):
             cap = self._cap.get((var, li))
             if cap is None:
                 continue
-            if var != "z" and cap.groups != len(rows.computed):
+            if layered and cap.groups != len(rows.computed):
                 raise ValueError(f"hook {cap.name!r} saw {cap.groups} CFG branch(es) but the strategy's plan "
                                  f"computed {rows.computed!r}")
             for bi, br in enumerate(self.layout.branches):
                 if br in cap.parts:
-                    self._place(out[:, bi, li] if layered else out[:, bi], cap, br, stack, rows)
+                    target = out[:, bi, li] if layered else out[:, bi]
+                    self._place(target, cap, br, stack if layered else None, rows)
         return out
 
-    def _place(self, target: torch.Tensor, cap: _Capture, branch: str, stack: str, rows: StepRows) -> None:
-        """Write the rows of ``cap.parts[branch]`` [B, n, ...] at their positions in ``target`` [B, S+L, ...]."""
+    def _place(self, target: torch.Tensor, cap: _Capture, branch: str, stack: str | None, rows: StepRows) -> None:
+        """Write the rows of ``cap.parts[branch]`` [B, n, ...] at their positions in ``target`` [B, S+L, ...];
+        ``stack`` None: the model's output hook, over every image token (NaN where the decoder output was cached)."""
         part, s = cap.parts[branch].to(target.device), self.layout.dims.buffer
-        if cap.name == "z":
+        if stack is None:
             target[:, s:] = part
             target[~rows.z_valid(branch).to(target.device)] = float("nan")
             return

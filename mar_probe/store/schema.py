@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..vocab import BRANCHES, PREFIXES  # PREFIXES: ("enc", "dec")
+from .variables import DIMS_PER_STACK, VARIABLES
 
 if TYPE_CHECKING:
     from .spec import SelectionSpec
@@ -118,8 +119,8 @@ def _check_subset(what: str, chosen, limit: int, hint: str) -> tuple[int, ...]:
 
 
 def stack_used(spec: SelectionSpec, stack: str) -> bool:
-    """Whether ``spec`` records a per-layer variable of ``stack`` (``enc``/``dec``; attn_gen is the decoder's)."""
-    return any(v.startswith(stack + "_") for v in spec.variables) or (stack == "dec" and "attn_gen" in spec.variables)
+    """Whether ``spec`` records a per-layer variable of ``stack`` (``enc``/``dec``)."""
+    return any(VARIABLES[v].layered and VARIABLES[v].stack == stack for v in spec.variables)
 
 
 def _resolve_layers(spec: SelectionSpec, dims: ModelDims) -> dict:
@@ -155,8 +156,9 @@ def resolve(spec: SelectionSpec, model_or_dims, *, num_samples: int, num_iter: i
     branches = spec.branches or run_branches
     if any(b not in run_branches for b in branches):
         raise ValueError(f"branch(es) {branches!r} not in this run: cfg={cfg!r} gives branches {run_branches!r}")
-    if "z_cfg_resid" in spec.variables and len(run_branches) < 2:
-        raise ValueError(f"z_cfg_resid needs both CFG branches; expected cfg != 1, got cfg={cfg!r}")
+    both = [v for v in spec.variables if VARIABLES[v].needs_both_branches]
+    if both and len(run_branches) < 2:
+        raise ValueError(f"{', '.join(both)} needs both CFG branches; expected cfg != 1, got cfg={cfg!r}")
     layers = _resolve_layers(spec, dims)
     sizes = dict(sample=len(samples), step=len(steps), branch=len(branches), token=dims.tokens,
                  channel=dims.channels)
@@ -194,24 +196,13 @@ def _activation_dtype(spec: SelectionSpec):
     return spec.dtype, np.nan, {}
 
 
-def _stack_var_dims(name: str, dims: ModelDims, names: dict) -> list[tuple[str, int]]:
-    stack, quantity = name.split("_", 1)
-    st, nm = getattr(dims, stack), names[stack]
-    lead = [("branch", None), (nm["layer"], None), ("token", dims.tokens)]
-    if quantity in ("q", "k", "v"):
-        return lead + [(nm["head"], st.heads), (nm["d_head"], st.d_head)]
-    return lead + [(nm["d_model"], st.d_model)]
-
-
-def _activation_dims(name: str, dims: ModelDims, names: dict) -> list[tuple[str, int]]:
-    dm = (names["dec"]["d_model"], dims.dec.d_model)
-    if name == "z":
-        return [("branch", None), ("token", dims.tokens), dm]
-    if name == "z_cfg_resid":
-        return [("token", dims.tokens), dm]
-    if name == "attn_gen":
-        return [("branch", None), (names["dec"]["layer"], None), ("token", dims.tokens)]
-    return _stack_var_dims(name, dims, names)
+def _activation_dims(name: str, dims: ModelDims, names: dict) -> list[tuple[str, int | None]]:
+    """The declared dims of variable ``name`` after (sample, step), named for this store, with their sizes (None:
+    the run's, from the resolved ``sizes``: branch and layer)."""
+    var = VARIABLES[name]
+    st = getattr(dims, var.stack)
+    size = {"token": dims.tokens, "head": st.heads, "d_head": st.d_head, "d_model": st.d_model}
+    return [(names[var.stack][d] if d in DIMS_PER_STACK else d, size.get(d)) for d in var.dims]
 
 
 def _variables(spec, dims: ModelDims, layers: dict, sizes: dict, images) -> dict:
@@ -223,7 +214,7 @@ def _variables(spec, dims: ModelDims, layers: dict, sizes: dict, images) -> dict
     for v in spec.variables:
         rest = [(d, n if n is not None else sizes[d]) for d, n in _activation_dims(v, dims, names)]
         out[v] = _var(v, ["sample", "step"] + [d for d, _ in rest], sizes, [n for _, n in rest], dtype, fill,
-                      True, attrs)
+                      True, dict(attrs, description=VARIABLES[v].description))
     for s in PREFIXES:
         if stack_used(spec, s):
             name = f"{s}_computed"

@@ -1,9 +1,9 @@
 """What a recording captures: the :class:`SelectionSpec` and its resolution against a model and a run.
 
-Variables are named ``{stack}_{quantity}`` (``enc_k``, ``dec_resid_post``), plus ``z`` (decoder output fed to the
-head), ``z_cfg_resid`` (``z_cond - z_uncond``) and ``attn_gen`` (MARché's selection score: the head-averaged
-attention that the generating tokens pay to every token, per decoder layer). Bookkeeping variables
-(:data:`BOOKKEEPING`) are always recorded.
+The activation variables are declared in :mod:`~mar_probe.store.variables` (their hooks, dims and derivation):
+``{stack}_{quantity}`` (``enc_k``, ``dec_resid_post``), plus ``z`` (decoder output fed to the head), ``z_cfg_resid``
+(``z_cond - z_uncond``) and ``attn_gen`` (MARché's selection score: the head-averaged attention that the generating
+tokens pay to every token, per decoder layer). Bookkeeping variables (:data:`BOOKKEEPING`) are always recorded.
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 from .._config import checked_fields
 from ..vocab import BRANCHES, PREFIXES
+from .variables import STACK_QUANTITIES, VARIABLES
 
 __all__ = ["ACTIVATIONS", "BOOKKEEPING", "BRANCHES", "DEFAULT_VARIABLES", "DTYPES", "STACK_QUANTITIES", "SelectionSpec",
            "parse_index_list"]
 
-STACK_QUANTITIES = ("q", "k", "v", "resid_post", "resid_mid", "attn_out", "mlp_out")
-ACTIVATIONS = tuple(f"{s}_{q}" for s in PREFIXES for q in STACK_QUANTITIES) + ("z", "z_cfg_resid", "attn_gen")
+ACTIVATIONS = tuple(VARIABLES)
 BOOKKEEPING = ("mask", "pred", "cfg", "order", "tokens", "images")
 DEFAULT_VARIABLES = tuple(f"{s}_{q}" for s in PREFIXES for q in ("q", "k", "v", "resid_post")) + (
     "z", "z_cfg_resid", "attn_gen")
@@ -77,11 +77,11 @@ class SelectionSpec:
     def __post_init__(self):
         names = (self.variables,) if isinstance(self.variables, str) else self.variables
         names = tuple(n.strip() for v in names for n in str(v).split(",") if n.strip())
-        unknown = [n for n in names if n not in ACTIVATIONS + BOOKKEEPING]
+        unknown = [n for n in names if n not in VARIABLES and n not in BOOKKEEPING]
         if unknown:
-            raise ValueError(f"unknown variable(s) {unknown!r}; expected some of {ACTIVATIONS!r} "
+            raise ValueError(f"unknown variable(s) {unknown!r}; expected some of {tuple(VARIABLES)!r} "
                              f"(always recorded: {BOOKKEEPING!r})")
-        object.__setattr__(self, "variables", tuple(n for n in dict.fromkeys(names) if n in ACTIVATIONS))
+        object.__setattr__(self, "variables", tuple(n for n in dict.fromkeys(names) if n in VARIABLES))
         for f in ("layers", "steps", "samples"):
             object.__setattr__(self, f, _as_int_tuple(f, getattr(self, f)))
         if self.branches is not None:
