@@ -341,8 +341,7 @@ def _cmd_tune(args) -> int:
                         space=tuple(parse_grid(args.family, args.param).items()),
                         options=tuple(parse_options(args.family, args.strategy_opt).items()), search=args.search,
                         num_samples=args.num_samples, batch_size=args.batch_size,
-                        sampling=SamplingConfig(num_iter=args.num_iter, cfg=args.cfg, cfg_schedule=args.cfg_schedule,
-                                                temperature=args.temperature, rng=args.rng))  # checked before loading
+                        sampling=SamplingConfig.of(args))  # checked before loading
     torch.manual_seed(args.seed)  # random-weight presets: the same weights on every call
     model = build_model(args)
     labels = parse_labels(args.labels, args.num_samples, model.num_classes, args.samples_per_class)

@@ -160,14 +160,11 @@ class CompareConfig:
     @property
     def sampling(self) -> SamplingConfig:
         """The sampling fields as the engine's :class:`~mar_probe.engine.SamplingConfig`."""
-        return SamplingConfig(num_iter=self.num_iter, cfg=self.cfg, cfg_schedule=self.cfg_schedule,
-                              temperature=self.temperature, head_steps=self.head_steps, rng=self.rng)
+        return SamplingConfig.of(self)
 
     def resolved(self, model) -> CompareConfig:
         """This config with every sampling field the model's recommended setting, else the official default."""
-        s = self.sampling.resolve(model)
-        return dataclasses.replace(self, num_iter=s.num_iter, cfg=s.cfg, cfg_schedule=s.cfg_schedule,
-                                   temperature=s.temperature, head_steps=s.head_steps)
+        return dataclasses.replace(self, **self.sampling.resolve(model).to_dict())
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

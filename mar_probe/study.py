@@ -81,8 +81,7 @@ class StudyConfig:
         """The sampling fields as the engine's :class:`~mar_probe.engine.SamplingConfig` (temperature None: the
         checkpoint's recommended one, else the official default)."""
         from .engine.sampling import SamplingConfig
-        return SamplingConfig(num_iter=self.num_iter, cfg=self.cfg, cfg_schedule=self.cfg_schedule,
-                              temperature=self.temperature)
+        return SamplingConfig.of(self)
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict (lists for tuples)."""

@@ -116,3 +116,18 @@ def test_bad_resolution_and_mapping_are_named(tiny_model):
         SamplingConfig.from_dict({"steps": 3})
     with pytest.raises(TypeError, match="sampling must be a SamplingConfig, got 'dict'"):
         sample(tiny_model, [0], sampling={"cfg": 2.0})
+
+
+def test_configs_take_their_sampling_fields_from_sampling_config_alone():
+    """CompareConfig and StudyConfig hand every sampling field they hold to SamplingConfig (SamplingConfig.of), and
+    resolving writes every one back: no field list repeated by hand (issue 18 item 2)."""
+    from dataclasses import fields
+    from mar_probe.compare import StrategyRun
+    from mar_probe.study import StudyConfig
+    given = dict(num_iter=6, cfg=2.5, cfg_schedule="constant", temperature=0.7, head_steps="25", rng="official")
+    cmp = CompareConfig(runs=(StrategyRun(label="m", name="marche"),), **given)
+    assert cmp.sampling == SamplingConfig(**given)
+    resolved = cmp.resolved(perturbed_tiny())
+    assert {f.name: getattr(resolved, f.name) for f in fields(SamplingConfig)} == given
+    study = StudyConfig(num_iter=6, cfg=2.5, cfg_schedule="constant", temperature=0.7)
+    assert study.sampling == SamplingConfig(num_iter=6, cfg=2.5, cfg_schedule="constant", temperature=0.7)

@@ -116,6 +116,13 @@ class SamplingConfig:
         """Build from :meth:`to_dict`'s output, with a clear error for unknown keys."""
         return cls(**checked_fields(cls, data))
 
+    @classmethod
+    def of(cls, config) -> SamplingConfig:
+        """The sampling fields that another config (``CompareConfig``, ``StudyConfig``) holds under the same names;
+        a field it does not hold keeps this class's default. The field list is this class's alone, so a new
+        sampling setting is added here and in the configs that expose it, never listed again by hand."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls) if hasattr(config, f.name)})
+
 
 def sampling_config(sampling: SamplingConfig | None = None, **given) -> SamplingConfig:
     """``sampling`` (default: all left to the model) with the fields ``given`` (not None) replaced."""
