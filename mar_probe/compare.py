@@ -28,13 +28,25 @@ machinery and adds the Pareto front of speed against fidelity.
          "seconds": I, "gflops": I, "speedup": {"time": I, "flops": I},
          "fidelity": {"token_mse": D, "token_cos": D, "psnr": D, "ssim": D},
          "quality": {"class_accuracy": I, "frechet_distance": I} or {"fid": I, "inception_score": I} or {},
+         "quality_vs_full": {"against": "full", "frechet_distance": P} or {"against": "full", "fid": P}
+                            (with a quality judge),
          "shadow": {"dec_kv_err": I, "enc_kv_err": I, "z_err": I} (with shadow=True),
-         "paired": {"against": LABEL, "token_mse": I, "token_cos": I, "psnr": I, "ssim": I} (with paired_against),
+         "paired": {"against": LABEL, "token_mse": I, "token_cos": I, "psnr": I, "ssim": I,
+                    "frechet_distance": P or "fid": P (with a quality judge)} (with paired_against),
          "per_seed": [{"seed", "seconds", "flops", "frechet_distance", ...}, ...]}}}
 
-where ``I = {"mean", "lo", "hi", "n"}`` is a mean with its 95% Student-t interval over seeds (speed, Fréchet
-distance, FID, IS) or images (accuracy, shadow, paired differences), and ``D`` adds ``median``, ``q05``, ``q95``,
-``min``, ``max`` over all images of all seeds. ``full``'s own fidelity is exact (MSE 0, PSNR 100 dB = identical).
+where ``I = {"mean", "lo", "hi", "n", "clipped"}`` is a mean with its 95% Student-t interval over seeds (speed,
+Fréchet distance, FID, IS) or images (accuracy, shadow, paired differences); ``D`` adds ``median``, ``q05``, ``q95``,
+``min``, ``max`` over all images of all seeds and ``statistics``: ``{"mean", "median", "tail", "worst"}``, each an
+:class:`~mar_probe.quality.paired.Interval` dict (``estimate``, ``low``, ``high``, ``n``, ``statistic``, ``method``,
+``level``, ``clipped``): the mean's t-interval and percentile-bootstrap intervals over images of the median, the bad
+tail (``p5`` where higher is better, ``p95`` for ``token_mse``) and the worst image (``min``, or ``max`` for
+``token_mse``). ``P`` is a Fréchet distance compared seed by seed: ``I`` of the per-seed differences
+``FD(strategy, seed) - FD(against, seed)`` over seeds, ``against`` and ``per_seed: [{"seed", "difference"}]``.
+Every interval is clipped to its quantity's range (:data:`METRICS`; differences to the range of a difference) and
+``clipped`` says when that moved an end. One value (one seed, one image) gives no interval: ``lo = hi = None``
+and ``note`` says so. ``full``'s own fidelity is exact (MSE 0, PSNR 100 dB = identical).
+Version 1 readers keep working: the keys above were added, none removed or renamed.
 """
 from __future__ import annotations
 
@@ -52,10 +64,32 @@ from ._config import checked_fields
 from .engine.sampling import SamplingConfig
 from .launch import Ranks, gather, on_rank0
 from .machine import machine
-from .quality.paired import paired_fidelity, summarize
+from .quality.paired import PSNR_IDENTICAL, difference_bounds, interval, paired_fidelity, summarize
 
 FORMAT, VERSION = "mar_probe.compare", 1
 FIDELITY = ("token_mse", "token_cos", "psnr", "ssim")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A reported quantity's range (intervals are clipped to it) and direction (``tail``/``worst``, Pareto)."""
+    bounds: tuple[float, float]
+    higher_is_better: bool
+
+
+_POSITIVE = (0.0, np.inf)
+# Every quantity compare reports, declared once: fidelity (cosine and SSIM live in [-1, 1]; PSNR in [0, the cap
+# PSNR_IDENTICAL] for uint8 images), distribution quality (IS >= 1: the exponential of a KL divergence), speed and
+# the shadow errors (relative errors >= 0).
+METRICS = {"token_mse": MetricSpec(_POSITIVE, False), "token_cos": MetricSpec((-1.0, 1.0), True),
+           "psnr": MetricSpec((0.0, PSNR_IDENTICAL), True), "ssim": MetricSpec((-1.0, 1.0), True),
+           "class_accuracy": MetricSpec((0.0, 1.0), True), "frechet_distance": MetricSpec(_POSITIVE, False),
+           "fid": MetricSpec(_POSITIVE, False), "inception_score": MetricSpec((1.0, np.inf), True),
+           "speedup": MetricSpec(_POSITIVE, True), "seconds": MetricSpec(_POSITIVE, False),
+           "gflops": MetricSpec(_POSITIVE, False), "dec_kv_err": MetricSpec(_POSITIVE, False),
+           "enc_kv_err": MetricSpec(_POSITIVE, False), "z_err": MetricSpec(_POSITIVE, False)}
+SEED_PAIRED = ("frechet_distance", "fid")  # per-seed quality compared seed by seed
+CLIPPED_NOTE = "* interval clipped to the metric's range"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,10 +350,17 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
     fid = {label: [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(seeds, runs["full"])]
            for label, seeds in runs.items()}
     strategies = {r.label: summarize_runs(r, runs[r.label], runs["full"], judge, fid[r.label]) for r in config.runs}
+    for entry in strategies.values():
+        vs_full = seed_paired_difference(entry["per_seed"], strategies["full"]["per_seed"], "full")
+        if len(vs_full) > 1:
+            entry["quality_vs_full"] = vs_full
     if config.paired_against is not None:
+        ref = strategies[config.paired_against]
         for label, entry in strategies.items():
             if label != config.paired_against:
                 entry["paired"] = paired_difference(fid[label], fid[config.paired_against], config.paired_against)
+                entry["paired"].update({k: v for k, v in seed_paired_difference(
+                    entry["per_seed"], ref["per_seed"], config.paired_against).items() if k != "against"})
     results = {"format": FORMAT, "version": VERSION, "settings": config.to_dict(), "machine": machine(),
                "model": model.config.name, "weights_sha256": sha, "strategies": strategies}
     return CompareResult(results, runs)
@@ -387,7 +428,11 @@ COLUMNS = (("speedup.time", "speedup_time"), ("speedup.flops", "speedup_flops"),
            ("quality.frechet_distance", "frechet_distance"), ("quality.fid", "fid"),
            ("quality.inception_score", "inception_score"), ("shadow.dec_kv_err", "shadow_dec_kv_err"),
            ("shadow.z_err", "shadow_z_err"), ("paired.psnr", "psnr_minus_ref"),
-           ("paired.token_mse", "token_mse_minus_ref"))
+           ("paired.token_mse", "token_mse_minus_ref"),
+           ("quality_vs_full.frechet_distance", "frechet_distance_minus_full"),
+           ("quality_vs_full.fid", "fid_minus_full"), ("paired.frechet_distance", "frechet_distance_minus_ref"),
+           ("paired.fid", "fid_minus_ref"))
+ROBUST = ("median", "tail", "worst")  # fidelity statistics beside the mean, CSV columns METRIC_STAT(_lo/_hi/_clipped)
 
 
 def _lookup(entry: dict, dotted: str):
@@ -397,7 +442,9 @@ def _lookup(entry: dict, dotted: str):
 
 
 def results_frame(results: dict):
-    """One row per strategy: label, strategy config, steps and ``METRIC``/``METRIC_lo``/``METRIC_hi`` columns."""
+    """One row per strategy: label, strategy config, steps and ``METRIC``/``METRIC_lo``/``METRIC_hi``/
+    ``METRIC_clipped``/``METRIC_n`` columns (``lo``/``hi`` empty without an interval), and per fidelity metric the
+    same for its median, bad tail and worst image (``psnr_tail``, ``token_mse_worst``, ...)."""
     import pandas as pd
     rows = []
     for label, e in results["strategies"].items():
@@ -406,36 +453,62 @@ def results_frame(results: dict):
         for dotted, col in COLUMNS:
             val = _lookup(e, dotted)
             if isinstance(val, dict):
-                row.update({col: val["mean"], f"{col}_lo": val["lo"], f"{col}_hi": val["hi"]})
+                row.update({col: val["mean"], f"{col}_lo": val["lo"], f"{col}_hi": val["hi"],
+                            f"{col}_clipped": bool(val.get("clipped", False)), f"{col}_n": val.get("n")})
+        for metric in FIDELITY:
+            stats = _lookup(e, f"fidelity.{metric}.statistics") or {}
+            for name in ROBUST:
+                if isinstance(stats.get(name), dict):
+                    s, col = stats[name], f"{metric}_{name}"
+                    row.update({col: s["estimate"], f"{col}_lo": s["low"], f"{col}_hi": s["high"],
+                                f"{col}_clipped": bool(s["clipped"]), f"{col}_n": s["n"]})
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def format_table(results: dict) -> str:
-    """The comparison as a Markdown table: mean [95% interval] per metric."""
+    """The comparison as a Markdown table: mean [95% interval] per metric; ``*`` marks an interval clipped to the
+    metric's range (footnote below the table), ``(n=1)`` a value without an interval."""
     df = results_frame(results)
     cols = [c for _, c in COLUMNS if c in df.columns and c not in ("seconds", "gflops")]
     lines = ["| strategy | steps | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
     for _, row in df.iterrows():
         cells = [_cell(row, c) for c in cols]
         lines.append(f"| {row['label']} | {row['steps']} | " + " | ".join(cells) + " |")
+    if any(cell.endswith("*") for line in lines[2:] for cell in line.split(" | ")):
+        lines += ["", CLIPPED_NOTE]
     return "\n".join(lines)
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
 
 
 def _cell(row, col: str) -> str:
     val = row.get(col)
-    if val is None or (isinstance(val, float) and np.isnan(val)):
+    if _missing(val):
         return "-"
-    lo, hi = row.get(f"{col}_lo"), row.get(f"{col}_hi")
+    lo, hi, n = row.get(f"{col}_lo"), row.get(f"{col}_hi"), row.get(f"{col}_n")
     fmt = "{:.3g}"
-    if lo is None or hi is None or np.isnan(lo) or lo == hi:
-        return fmt.format(val)
-    return f"{fmt.format(val)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+    if _missing(lo) or _missing(hi):
+        return f"{fmt.format(val)} (n=1)" if not _missing(n) and n == 1 else fmt.format(val)
+    clipped = row.get(f"{col}_clipped")
+    star = "*" if not _missing(clipped) and bool(clipped) else ""
+    if lo == hi:
+        return fmt.format(val) + star
+    return f"{fmt.format(val)} [{fmt.format(lo)}, {fmt.format(hi)}]{star}"
 
 
-def _interval(values) -> dict:
-    s = summarize(np.asarray(values, dtype=np.float64))
-    return {k: s[k] for k in ("mean", "lo", "hi", "n")}
+def _interval(values, bounds: tuple[float, float] | None = None) -> dict:
+    """``I``: the mean of ``values`` with its t-interval clipped to ``bounds`` (see the module docstring)."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if not np.isfinite(x).any():
+        return {"mean": None, "lo": None, "hi": None, "n": 0, "clipped": False, "note": "no finite value"}
+    i = interval(x, statistic="mean", method="t", bounds=bounds)
+    out = {"mean": i.estimate, "lo": i.low, "hi": i.high, "n": i.n, "clipped": i.clipped}
+    if i.low is None:
+        out["note"] = "one value: no interval (n = 1)"
+    return out
 
 
 def paired_difference(fid: list, ref: list, against: str) -> dict:
@@ -447,7 +520,26 @@ def paired_difference(fid: list, ref: list, against: str) -> dict:
     out = {"against": against}
     for k in FIDELITY:
         if k in fid[0] and k in ref[0]:
-            out[k] = _interval(np.concatenate([d[k].values - r[k].values for d, r in zip(fid, ref)]))
+            out[k] = _interval(np.concatenate([d[k].values - r[k].values for d, r in zip(fid, ref)]),
+                               difference_bounds(METRICS[k].bounds))
+    return out
+
+
+def seed_paired_difference(per_seed: list[dict], ref: list[dict], against: str) -> dict:
+    """Per-seed quality compared seed by seed: for each of :data:`SEED_PAIRED` in both strategies' ``per_seed``
+    records, the differences ``value(seed) - value(against, seed)`` with a t-interval over seeds (``P`` of the
+    module docstring; one seed: no interval). Two unpaired means over seeds are never the comparison: a seed's
+    labels, orders and noise are shared by both runs, so its Fréchet distances pair up."""
+    out = {"against": against}
+    ref_by_seed = {r["seed"]: r for r in ref}
+    for k in SEED_PAIRED:
+        if not all(k in r for r in per_seed) or not all(k in ref_by_seed.get(r["seed"], {}) for r in per_seed):
+            continue
+        diffs = [{"seed": r["seed"], "difference": float(r[k]) - float(ref_by_seed[r["seed"]][k])} for r in per_seed]
+        entry = _interval([d["difference"] for d in diffs], difference_bounds(METRICS[k].bounds))
+        if entry["n"] == 1:
+            entry["note"] = "one seed: no interval (n = 1); run more seeds for one"
+        out[k] = {**entry, "per_seed": diffs}
     return out
 
 
@@ -455,17 +547,21 @@ def summarize_runs(run: StrategyRun, seeds: list[SeedRun], full: list[SeedRun], 
     """One strategy's entry: speed ratios per seed, paired fidelity over all images, quality, shadow.
 
     ``fid``: the per-seed :func:`~mar_probe.quality.paired.paired_fidelity` of ``seeds`` against ``full``."""
-    fidelity = {k: summarize(np.concatenate([d[k].values for d in fid])) for k in FIDELITY if k in fid[0]}
+    fidelity = {k: summarize(np.concatenate([d[k].values for d in fid]), bounds=METRICS[k].bounds,
+                             higher_is_better=METRICS[k].higher_is_better, point_interval=False)
+                for k in FIDELITY if k in fid[0]}
     per_seed = [{"seed": s.seed, "seconds": s.seconds, "flops": s.flops} for s in seeds]
     quality = judge(seeds, per_seed) if judge is not None else {}
+    speed = METRICS["speedup"].bounds
     entry = {"label": run.label, "config": dict(run.create().to_dict()), "steps": seeds[0].steps,
-             "seconds": _interval([s.seconds for s in seeds]), "gflops": _interval([s.flops / 1e9 for s in seeds]),
-             "speedup": {"time": _interval([f.seconds / s.seconds for s, f in zip(seeds, full)]),
-                         "flops": _interval([f.flops / s.flops for s, f in zip(seeds, full)])},
+             "seconds": _interval([s.seconds for s in seeds], METRICS["seconds"].bounds),
+             "gflops": _interval([s.flops / 1e9 for s in seeds], METRICS["gflops"].bounds),
+             "speedup": {"time": _interval([f.seconds / s.seconds for s, f in zip(seeds, full)], speed),
+                         "flops": _interval([f.flops / s.flops for s, f in zip(seeds, full)], speed)},
              "fidelity": fidelity, "quality": quality, "per_seed": per_seed}
     if seeds[0].shadow:
-        entry["shadow"] = {k: _interval(np.concatenate([np.ravel(s.shadow[k]) for s in seeds]))
-                           for k in seeds[0].shadow}
+        entry["shadow"] = {k: _interval(np.concatenate([np.ravel(s.shadow[k]) for s in seeds]),
+                                        METRICS[k].bounds if k in METRICS else None) for k in seeds[0].shadow}
     return entry
 
 
@@ -509,23 +605,25 @@ class QualityJudge:
             rec.update(class_accuracy=float(ok.mean()), frechet_distance=fd)
             correct.append(ok)
             fds.append(fd)
-        return {"class_accuracy": _interval(np.concatenate(correct)), "frechet_distance": _interval(fds)}
+        return {"class_accuracy": _interval(np.concatenate(correct), METRICS["class_accuracy"].bounds),
+                "frechet_distance": _interval(fds, METRICS["frechet_distance"].bounds)}
 
     def _imagenet(self, seeds, per_seed) -> dict:
         from .quality.report import imagenet_report
         reps = [imagenet_report(s.images, self.inception, self.config.inception_reference) for s in seeds]
         for rec, rep in zip(per_seed, reps):
             rec.update(fid=rep["fid"], inception_score=rep["inception_score"])
-        out = {"inception_score": _interval([r["inception_score"] for r in reps])}
+        out = {"inception_score": _interval([r["inception_score"] for r in reps], METRICS["inception_score"].bounds)}
         if reps[0]["fid"] is not None:
-            out["fid"] = _interval([r["fid"] for r in reps])
+            out["fid"] = _interval([r["fid"] for r in reps], METRICS["fid"].bounds)
         return out
 
 
 # ---- sweep ----------------------------------------------------------------------------------------------------
-HIGHER_IS_BETTER = {"token_cos": True, "psnr": True, "ssim": True, "class_accuracy": True, "inception_score": True,
-                    "token_mse": False, "frechet_distance": False, "fid": False, "shadow_dec_kv_err": False,
-                    "shadow_z_err": False}
+# by CSV column (results_frame), from METRICS
+HIGHER_IS_BETTER = {**{k: m.higher_is_better for k, m in METRICS.items()},
+                    **{f"shadow_{k}": METRICS[k].higher_is_better for k in ("dec_kv_err", "enc_kv_err", "z_err")},
+                    "speedup_time": True, "speedup_flops": True}
 
 
 def sweep_runs(name: str, grid: dict, options: dict | None = None, baselines=()) -> tuple[StrategyRun, ...]:

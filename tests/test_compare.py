@@ -117,6 +117,138 @@ def test_write_results_round_trip_and_widget(compared, tiny, tmp_path):
     assert set(entries) == {"full", "marche", "exact"} and entries["marche"].images.shape == (2, 8, 8, 1)
 
 
+def test_fidelity_reports_median_tail_and_worst_with_intervals(compared, tmp_path):
+    """Every paired fidelity metric carries mean (t), median, bad tail and worst image, each with its interval and
+    clipped flag, equal to :func:`interval` over all images of all seeds; the tail and worst of token_mse are its
+    high end (lower is better)."""
+    from mar_probe.compare import METRICS
+    from mar_probe.quality.paired import interval
+    _, result = compared
+    out = write_results(result, tmp_path / "stats")
+    data = json.loads((out / "results.json").read_text())
+    full = result.runs["full"]
+    per_image = [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(result.runs["marche"], full)]
+    for metric in ("token_mse", "token_cos", "psnr", "ssim"):
+        x = np.concatenate([d[metric].values for d in per_image])
+        spec = METRICS[metric]
+        got = data["strategies"]["marche"]["fidelity"][metric]
+        for name in ("mean", "median", "tail", "worst"):
+            want = interval(x, statistic=name, bounds=spec.bounds, higher_is_better=spec.higher_is_better)
+            assert got["statistics"][name] == want.to_dict()
+        assert (got["lo"], got["hi"], got["clipped"]) == (got["statistics"]["mean"]["low"],
+                                                           got["statistics"]["mean"]["high"],
+                                                           got["statistics"]["mean"]["clipped"])
+        assert spec.bounds[0] <= got["lo"] <= got["hi"] <= spec.bounds[1]
+    mse = data["strategies"]["marche"]["fidelity"]["token_mse"]["statistics"]
+    assert (mse["worst"]["statistic"], mse["tail"]["statistic"]) == ("max", "p95")
+    assert mse["worst"]["estimate"] == data["strategies"]["marche"]["fidelity"]["token_mse"]["max"]
+    psnr_stats = data["strategies"]["marche"]["fidelity"]["psnr"]["statistics"]
+    assert (psnr_stats["worst"]["statistic"], psnr_stats["tail"]["statistic"]) == ("min", "p5")
+    import pandas as pd
+    row = pd.read_csv(out / "results.csv").set_index("label").loc["marche"]
+    assert row["token_mse_worst"] == pytest.approx(mse["worst"]["estimate"])
+    assert row["psnr_tail_lo"] == pytest.approx(psnr_stats["tail"]["low"])
+    assert "ssim_median_clipped" in row.index
+
+
+def test_table_and_pareto_plot_flag_clipped_intervals(compared):
+    """A clipped interval ends in ``*`` with the footnote (CLI table and Pareto figure); without clipping, neither."""
+    import copy
+
+    import pandas as pd
+
+    from mar_probe.compare import CLIPPED_NOTE
+    from mar_probe.plot.compare import pareto_plot
+    _, result = compared
+    data = copy.deepcopy(result.results)
+
+    def unclip(d):
+        for k, v in d.items():
+            if k == "clipped":
+                d[k] = False
+            elif isinstance(v, dict):
+                unclip(v)
+
+    unclip(data)
+    plain = format_table(data)
+    assert CLIPPED_NOTE not in plain and "*" not in plain
+    data["strategies"]["marche"]["speedup"]["flops"].update(lo=0.0, hi=9.0, clipped=True)
+    table = format_table(data)
+    assert table.endswith("\n\n" + CLIPPED_NOTE)
+    marche = next(line for line in table.splitlines() if line.startswith("| marche |"))
+    assert marche.split(" | ")[3].endswith(", 9]*")
+    df = pd.DataFrame({"label": ["a", "b"], "speedup_flops": [1.0, 2.0], "speedup_flops_lo": [0.5, 0.0],
+                       "speedup_flops_hi": [1.5, 4.0], "speedup_flops_clipped": [False, True], "psnr": [30.0, 20.0],
+                       "psnr_lo": [np.nan, 19.0], "psnr_hi": [np.nan, 21.0]})
+    ax = pareto_plot(df, "speedup_flops", "psnr")
+    texts = [t.get_text() for t in ax.texts]
+    assert "a" in texts and "b*" in texts and "* interval clipped to the metric's range" in texts
+    import matplotlib.pyplot as plt
+    plt.close(ax.figure)
+
+
+@pytest.fixture(scope="module")
+def compared28():
+    """The tiny run at 28x28 (the Fashion-MNIST judge's size), three seeds: a Fréchet distance per seed."""
+    from conftest import perturbed_tiny
+    model = perturbed_tiny(encoder_depth=3, decoder_depth=4, num_sampling_steps="4", img_size=28, crop_size=28)
+    runs = (StrategyRun(label="marche", name="marche", options=(("budget", 20),)),
+            StrategyRun(label="exact", name="marche", options=(("refresh_period", 1),)))
+    config = CompareConfig(runs=runs, num_samples=4, seeds=(0, 1, 2), num_iter=4, cfg=3.0, grid_images=0,
+                           paired_against="marche")
+    return compare(model, config, progress=False)
+
+
+def test_frechet_distances_are_compared_paired_by_seed(compared28, tmp_path):
+    """FD(strategy, seed) - FD(reference, seed) per seed, with a t-interval over seeds, against full and against
+    --paired-against, equal to the differences of the per-seed Fréchet numbers of the same results.json."""
+    from scipy import stats
+    out = write_results(compared28, tmp_path / "fd")
+    data = json.loads((out / "results.json").read_text())
+    s = data["strategies"]
+    fd = {label: {r["seed"]: r["frechet_distance"] for r in e["per_seed"]} for label, e in s.items()}
+    seeds = [0, 1, 2]
+
+    def check(p, want):
+        assert [d["seed"] for d in p["per_seed"]] == seeds and p["n"] == 3 and not p["clipped"]
+        assert [d["difference"] for d in p["per_seed"]] == pytest.approx(want, abs=1e-9)
+        half = stats.t.ppf(0.975, 2) * np.std(want, ddof=1) / np.sqrt(3)
+        assert (p["mean"], p["lo"], p["hi"]) == pytest.approx((np.mean(want), np.mean(want) - half,
+                                                                np.mean(want) + half), abs=1e-9)
+
+    for label, e in s.items():
+        assert e["quality_vs_full"]["against"] == "full"
+        check(e["quality_vs_full"]["frechet_distance"], [fd[label][k] - fd["full"][k] for k in seeds])
+    assert s["full"]["quality_vs_full"]["frechet_distance"]["hi"] == 0                  # full - full
+    assert s["exact"]["quality_vs_full"]["frechet_distance"]["mean"] == 0               # exact = full per image
+    assert s["marche"]["quality_vs_full"]["frechet_distance"]["mean"] != 0
+    for label in ("full", "exact"):
+        assert s[label]["paired"]["against"] == "marche"
+        check(s[label]["paired"]["frechet_distance"], [fd[label][k] - fd["marche"][k] for k in seeds])
+    assert "paired" not in s["marche"]
+    import pandas as pd
+    row = pd.read_csv(out / "results.csv").set_index("label").loc["marche"]
+    p = s["marche"]["quality_vs_full"]["frechet_distance"]
+    assert (row["frechet_distance_minus_full"], row["frechet_distance_minus_full_lo"],
+            row["frechet_distance_minus_full_hi"]) == pytest.approx((p["mean"], p["lo"], p["hi"]))
+    assert row["frechet_distance_minus_full_n"] == 3
+    assert pd.read_csv(out / "results.csv").set_index("label").loc["exact", "frechet_distance_minus_ref"] == \
+        pytest.approx(s["exact"]["paired"]["frechet_distance"]["mean"])
+    assert "frechet_distance_minus_full" in format_table(data).splitlines()[0]
+
+
+def test_frechet_with_one_seed_has_no_interval_and_says_so():
+    from mar_probe.compare import results_frame, seed_paired_difference
+    got = seed_paired_difference([{"seed": 4, "frechet_distance": 12.5}], [{"seed": 4, "frechet_distance": 10.0}],
+                                 "full")
+    p = got["frechet_distance"]
+    assert (p["mean"], p["lo"], p["hi"], p["n"]) == (2.5, None, None, 1) and "no interval" in p["note"]
+    assert p["per_seed"] == [{"seed": 4, "difference": 2.5}] and "fid" not in got
+    results = {"strategies": {"m": {"config": {"name": "marche"}, "steps": 4, "quality_vs_full": got}}}
+    assert results_frame(results)["frechet_distance_minus_full_lo"].isna().all()
+    assert "| m | 4 | 2.5 (n=1) |" in format_table(results)
+
+
 def test_fashion_judge_per_image_accuracy_and_per_seed_frechet():
     from mar_probe.quality import fashion_frechet, load_classifier, load_reference_stats, predict
     rng = np.random.default_rng(0)

@@ -1,4 +1,6 @@
-"""Aggregation over samples (and seeds, a coordinate of ``sample``) with confidence intervals."""
+"""Aggregation over samples (and seeds, a coordinate of ``sample``) with confidence intervals, vectorised over the
+other dims. One 1-D sample with any statistic (median, tail, worst), clipped and flagged:
+:func:`mar_probe.quality.paired.interval`."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,11 +8,13 @@ import xarray as xr
 
 
 def _t_interval(x: xr.DataArray, dim: str, level: float) -> tuple[xr.DataArray, xr.DataArray]:
-    from scipy import stats
+    """The t half width of :func:`mar_probe.quality.paired.t_half_width` (the package's one t formula), NaN for
+    fewer than two values."""
+    from ..quality.paired import t_half_width
     n = x.notnull().sum(dim)
-    sem = x.std(dim, ddof=1, skipna=True) / np.sqrt(n)
-    q = xr.apply_ufunc(lambda m: stats.t.ppf(0.5 + level / 2, np.maximum(m - 1, 1)), n)
-    return q * sem, q * sem
+    half = xr.apply_ufunc(lambda s, m: t_half_width(s, np.maximum(m, 2), level) * np.where(m > 1, 1.0, np.nan),
+                          x.std(dim, ddof=1, skipna=True), n)
+    return half, half
 
 
 def _bootstrap(x: xr.DataArray, dim: str, level: float, n_boot: int, seed: int):

@@ -46,8 +46,12 @@ def pareto_plot(df: pd.DataFrame, speed: str, fidelity: str, ax=None):
     xerr = _err(df, speed)
     yerr = _err(df, fidelity)
     ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", ms=4, lw=0.8, capsize=2)
-    for xi, yi, lab in zip(x, y, df["label"]):
-        ax.annotate(lab, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    clipped = _clipped(df, speed) | _clipped(df, fidelity)
+    for xi, yi, lab, clip in zip(x, y, df["label"], clipped):
+        ax.annotate(f"{lab}*" if clip else lab, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if clipped.any():
+        ax.annotate("* interval clipped to the metric's range", (1, 0), xycoords="axes fraction",
+                    xytext=(-4, 4), textcoords="offset points", ha="right", va="bottom", fontsize=7, color="0.3")
     if "on_front" in df:
         front = df[df["on_front"]].sort_values(speed)
         ax.plot(front[speed], front[fidelity], "k--", lw=1, label="Pareto front")
@@ -59,11 +63,21 @@ def pareto_plot(df: pd.DataFrame, speed: str, fidelity: str, ax=None):
 
 
 def _err(df, col):
+    """Error bar lengths from ``COL_lo``/``COL_hi``; none (0) where a point has no interval."""
     lo, hi = f"{col}_lo", f"{col}_hi"
     if lo not in df or hi not in df:
         return None
     v = df[col].to_numpy(float)
-    return np.abs(np.vstack([v - df[lo].to_numpy(float), df[hi].to_numpy(float) - v]))
+    err = np.abs(np.vstack([v - df[lo].to_numpy(float), df[hi].to_numpy(float) - v]))
+    return np.nan_to_num(err, nan=0.0)
+
+
+def _clipped(df, col) -> np.ndarray:
+    """Whether each point's interval of ``col`` was clipped to the metric's range (``COL_clipped``)."""
+    flag = f"{col}_clipped"
+    if flag not in df:
+        return np.zeros(len(df), dtype=bool)
+    return np.array([v is not None and not (isinstance(v, float) and np.isnan(v)) and bool(v) for v in df[flag]])
 
 
 # ---- shadow error vs step -------------------------------------------------------------------------------------

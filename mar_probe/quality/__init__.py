@@ -16,13 +16,15 @@ from .fashion import (DEFAULT_REFERENCE_PATH, class_accuracy, compute_reference_
 from .frechet import feature_stats, frechet_distance
 from .inception import (FIDInceptionV3, InceptionFileError, fid_from_features, fid_from_images,
                         inception_features_and_logits, inception_score, load_inception, load_inception_reference)
+from .paired import STATISTICS, Interval, interval
 from .report import format_report, load_samples, quality_report
 
 __all__ = [
-    "DEFAULT_CLASSIFIER_PATH", "DEFAULT_REFERENCE_PATH", "ClassifierConfig", "ClassifierFileError", "FashionCNN",
-    "FIDInceptionV3", "InceptionFileError", "TrainClassifierConfig", "class_accuracy", "classifier_outputs",
-    "compute_reference_stats", "fashion_frechet", "fashion_report", "feature_stats", "fid_from_features",
-    "fid_from_images", "format_report", "frechet_distance", "inception_features_and_logits", "inception_score",
-    "load_classifier", "load_inception", "load_inception_reference", "load_reference_stats", "load_samples",
-    "per_class_accuracy", "predict", "quality_report", "save_classifier", "save_reference_stats",
+    "DEFAULT_CLASSIFIER_PATH", "DEFAULT_REFERENCE_PATH", "STATISTICS", "ClassifierConfig", "ClassifierFileError",
+    "FashionCNN", "FIDInceptionV3", "InceptionFileError", "Interval", "TrainClassifierConfig", "class_accuracy",
+    "classifier_outputs", "compute_reference_stats", "fashion_frechet", "fashion_report", "feature_stats",
+    "fid_from_features", "fid_from_images", "format_report", "frechet_distance", "inception_features_and_logits",
+    "inception_score", "interval", "load_classifier", "load_inception", "load_inception_reference",
+    "load_reference_stats", "load_samples", "per_class_accuracy", "predict", "quality_report", "save_classifier",
+    "save_reference_stats",
 ]
