@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import xarray as xr
 
+from ..store.variables import VARIABLES
+
 RECORD_HINT = "`mar-probe record --vars {vars}`"
 RECORD_FLAGS = {"layer": "--layers", "step": "--steps", "branch": "--branches", "sample": "--samples"}
 
@@ -77,7 +79,8 @@ def require_completed(ds: xr.Dataset) -> None:
 
 def check_layer(ds: xr.Dataset, layer, name: str = "layer") -> None:
     """Raise a ValueError unless ``layer`` is a decoder layer the run recorded (0-based), naming those it has."""
-    var = next((v for v in ("attn_gen", "dec_k", "dec_v", "dec_resid_post") if v in ds.data_vars), None)
+    var = next((v for v in ds.data_vars if v in VARIABLES and VARIABLES[v].layered and VARIABLES[v].stack == "dec"),
+               None)                                                 # any per-layer decoder variable holds the layers
     if var is None:
         return
     dim = next(d for d in ds[var].dims if d.endswith("layer"))
