@@ -572,6 +572,9 @@ def _add_analyze(p):
     p.add_argument("--lazymar-layer", type=int, help="layer of LazyMAR's V-cosine criterion (default: --layer)")
     p.add_argument("--k", type=int, default=64, help="refresh budget K (default: 64)")
     p.add_argument("--threshold", type=float, default=0.95, help="cosine threshold (default: 0.95)")
+    p.add_argument("--claims", action="store_true", help="add LazyMAR's claims measured in full: the share of "
+                   "skippable tokens over a threshold sweep (at --lazymar-layer, default 3 or a quarter of the depth) "
+                   "and the CFG residual's lag-MSE ratio at lags 1..8 for every estimator (needs dec_v / z)")
     _add_cluster_flags(p)
 
 
@@ -580,7 +583,7 @@ def _cmd_analyze(args) -> int:
     ds = open_runs(args.store)
     with dask_cluster(scheduler=args.scheduler, workers=args.workers, timeout=args.timeout) as client:
         table, skipped = run_summary(ds, layer=args.layer, lazymar_layer=args.lazymar_layer, k=args.k,
-                                     threshold=args.threshold, scheduler=client)
+                                     threshold=args.threshold, scheduler=client, claims=args.claims)
     report = summary_json(table, skipped)
     if args.json == "-":
         print(json.dumps(report, indent=2, default=str))

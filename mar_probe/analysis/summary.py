@@ -9,7 +9,11 @@
   residual about 35.5x more stable);
 * ``selection``: how well the attention of the generating tokens at ``layer`` (MARché) and LazyMAR's V-cosine
   criterion find the tokens whose K drifts at each later layer, against chance;
-* ``overlap``: top-K attention overlap of each layer with ``layer`` (MARché reports 66.8% for its Layer 2).
+* ``overlap``: top-K attention overlap of each layer with ``layer`` (MARché reports 66.8% for its Layer 2);
+* with ``claims=True`` (``mar-probe analyze --claims``, :mod:`~mar_probe.analysis.claims`): ``skippable``, the share
+  of the tokens LazyMAR's token cache could skip whose V cosine exceeds each threshold of a sweep (LazyMAR: ~84%),
+  and ``cfg_lags``, the ratio of the branch outputs' lag-MSE to the CFG residual's at lags 1..8 for every
+  estimator, over all tokens and over the tokens the head reads.
 
 Every value is first reduced per sample (pooled over steps and tokens), then averaged over samples with a
 t-interval (:func:`~mar_probe.analysis.aggregate`), clipped to the quantity's range (proportions to [0, 1]);
@@ -23,6 +27,8 @@ import xarray as xr
 
 from ._checks import check_layer, check_values, require, require_completed
 from .categories import token_categories
+from .claims import (ESTIMATORS, SWEEP_THRESHOLDS, aggregate_ratio, available_lags, cfg_residual_ratio_per_sample,
+                     default_prune_layer, skippable_sweep)
 from .cfg import cfg_residual_mse
 from .overlap import topk_overlap_layers
 from .selection import attention_selector, lazymar_selector, selection_vs_drift
@@ -30,7 +36,8 @@ from .stability import cosine_stability, drift, summarize_stability
 from .stats import aggregate
 
 STABILITY_VARS = ("dec_k", "dec_v", "dec_resid_post")
-COLUMNS = ("section", "quantity", "var", "layer", "category", "selector", "k", "mean", "lo", "hi", "n")
+COLUMNS = ("section", "quantity", "var", "layer", "category", "selector", "k", "threshold", "lag", "estimator", "mean",
+           "lo", "hi", "n")
 REPORTED_CATEGORIES = ("t", "t-1", "<t-1", ">t", "buffer")
 
 
@@ -100,7 +107,20 @@ def _overlap_parts(ds, layer: int, k: int) -> dict:
     return {("overlap", f"topk_overlap_with_layer{layer}", "attn_gen", None): ov.sel(layer=ov["layer"] != layer)}
 
 
-def _sections(ds, *, layer, lazymar_layer, k, threshold, variables, var) -> tuple[dict, dict]:
+def _skippable_parts(ds, lazymar_layer, threshold) -> dict:
+    lz = default_prune_layer(ds) if lazymar_layer is None else lazymar_layer
+    thresholds = sorted(set(SWEEP_THRESHOLDS) | {threshold})
+    return {("skippable", "share_skippable_vcos", "dec_v", None):
+            skippable_sweep(ds, thresholds, layer=[lz], per_sample=True)}
+
+
+def _cfg_lag_parts(ds) -> dict:
+    lags = available_lags(ds)
+    return {("cfg_lags", f"ratio_branches/residual_{tokens}_tokens", "z", None):
+            cfg_residual_ratio_per_sample(ds, lags, ESTIMATORS, tokens) for tokens in ("all", "head")}
+
+
+def _sections(ds, *, layer, lazymar_layer, k, threshold, variables, var, claims=False) -> tuple[dict, dict]:
     """Lazy per-sample parts of every section that the store allows; skipped sections with the reason."""
     cats = token_categories(ds)
     builders = {
@@ -109,6 +129,9 @@ def _sections(ds, *, layer, lazymar_layer, k, threshold, variables, var) -> tupl
         "selection": lambda: _selection_parts(ds, cats, layer, lazymar_layer, k, threshold, var),
         "overlap": lambda: _overlap_parts(ds, layer, k),
     }
+    if claims:
+        builders["skippable"] = lambda: _skippable_parts(ds, lazymar_layer, threshold)
+        builders["cfg_lags"] = lambda: _cfg_lag_parts(ds)
     parts, skipped = {}, {}
     for name, build in builders.items():
         try:
@@ -150,7 +173,7 @@ def _rows(key, agg: xr.Dataset) -> pd.DataFrame:
 
 def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = None, k: int = 64,
                 threshold: float = 0.95, level: float = 0.95, variables=STABILITY_VARS, var: str = "dec_k",
-                scheduler=None) -> tuple[pd.DataFrame, dict]:
+                scheduler=None, claims: bool = False) -> tuple[pd.DataFrame, dict]:
     """The redundancy measurements of a run as one tidy table with confidence intervals over samples.
 
     Parameters
@@ -177,6 +200,10 @@ def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = N
         :class:`distributed.Client` (:func:`~mar_probe.analysis.cluster.dask_cluster`: its workers read their
         own chunks), or None: dask's default (the threads of this process unless a default Client is active).
         The graph, and so the table, is the same on every scheduler.
+    claims : bool
+        Add the ``skippable`` (at layer ``lazymar_layer``, default
+        :func:`~mar_probe.analysis.claims.default_prune_layer`) and ``cfg_lags`` sections of
+        :mod:`~mar_probe.analysis.claims`.
 
     Returns
     -------
@@ -189,13 +216,15 @@ def run_summary(ds: xr.Dataset, *, layer: int = 1, lazymar_layer: int | None = N
     with using_scheduler(scheduler):  # every compute, the checks' reads of the done flags included
         _check_summary_args(ds, layer, lazymar_layer, k, threshold)
         parts, skipped = _sections(ds, layer=layer, lazymar_layer=lazymar_layer, k=k, threshold=threshold,
-                                   variables=variables, var=var)
+                                   variables=variables, var=var, claims=claims)
         keys = list(parts)
         values = dask.compute(*[parts[key] for key in keys])
-    frames = [_rows(key, aggregate(v, "sample", level=level, bounds=_bounds(key[1])))
+    frames = [_rows(key, aggregate_ratio(v, level=level) if key[0] == "cfg_lags"  # ratios may be +inf
+                    else aggregate(v, "sample", level=level, bounds=_bounds(key[1])))
               for key, v in zip(keys, values)]
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
-    table.attrs.update(level=level, layer=layer, k=k, threshold=threshold, samples=int(ds.sizes["sample"]))
+    table.attrs.update(level=level, layer=layer, k=k, threshold=threshold, samples=int(ds.sizes["sample"]),
+                       claims=claims)
     return table, skipped
 
 
@@ -270,10 +299,27 @@ def _headline_selection(table, k, threshold) -> list[str]:
     return out
 
 
+def _headline_claims(table, threshold) -> list[str]:
+    out = []
+    rows = _pick(table, section="skippable")
+    if len(rows):
+        r = rows[np.isclose(rows["threshold"].astype(float), threshold)].iloc[0]
+        out.append(f"LazyMAR token cache: share of the tokens it could skip with V cosine > {threshold:g} at layer "
+                   f"{int(r['layer'])} = {_ci(r)} (LazyMAR: ~84%; sweep in [skippable])")
+    for quantity, rows in _pick(table, section="cfg_lags").groupby("quantity", sort=False):
+        lags = sorted(rows["lag"].dropna().unique())
+        ends = [lags[0], lags[-1]] if len(lags) > 1 else lags
+        parts = [f"lag {int(lag)}: " + ", ".join(f"{e} {_ci(_one(rows, lag=lag, estimator=e), '.1f')}x"
+                                                 for e in ESTIMATORS) for lag in ends]
+        out.append(f"CFG residual {quantity}: " + "; ".join(parts) + " (LazyMAR ~35.5x; all lags in [cfg_lags])")
+    return out
+
+
 def headlines(table: pd.DataFrame) -> list[str]:
     """One line per claim of the papers, read off a :func:`run_summary` table."""
     k, threshold = table.attrs.get("k", 64), table.attrs.get("threshold", 0.95)
-    return _headline_drift(table) + _headline_cfg(table) + _headline_selection(table, k, threshold)
+    return (_headline_drift(table) + _headline_cfg(table) + _headline_selection(table, k, threshold)
+            + _headline_claims(table, threshold))
 
 
 def _pivot_text(rows: pd.DataFrame, index: str, columns: str, fmt: str = ".3f") -> str:
@@ -293,7 +339,7 @@ def format_summary(table: pd.DataFrame, skipped: dict | None = None) -> str:
         index = "layer" if rows["layer"].notna().any() else "quantity"
         lines += [f"[stability] {quantity} of {var} (cond branch), per layer and token category",
                   _pivot_text(rows, index, "category"), ""]
-    for section in ("cfg", "selection", "overlap"):
+    for section in ("cfg", "selection", "overlap", "skippable", "cfg_lags"):
         rows = table[table["section"] == section]
         if len(rows):
             lines += [f"[{section}]"] + [_row_text(r) for _, r in rows.iterrows()] + [""]
@@ -303,8 +349,9 @@ def format_summary(table: pd.DataFrame, skipped: dict | None = None) -> str:
 
 
 def _row_text(r) -> str:
-    where = " ".join(f"{c}={r[c] if c != 'layer' else int(r[c])}" for c in ("selector", "layer")
-                     if r[c] is not None and r[c] == r[c])
+    where = " ".join(f"{c}={int(r[c]) if c in ('layer', 'lag') else r[c]}"
+                     for c in ("selector", "layer", "threshold", "lag", "estimator")
+                     if c in r and r[c] is not None and r[c] == r[c])
     fmt = ".3g" if r["quantity"].startswith("mse") else ".3f"
     return f"  {r['quantity']:<28s} {where:<34s} {_ci(r, fmt)}  (n={int(r['n'])})"
 
