@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -243,7 +244,7 @@ def _cmd_compare(args) -> int:
     ranks = Ranks.from_env()  # torchrun: the seeds are spread over the ranks, rank 0 writes (issue 16)
     with process_group(ranks, args.device):
         result = compare(model, config, vae=_load_vae(args), partial=Path(args.out) / "partial",
-                         resume=args.resume, ranks=ranks)
+                         resume=args.resume, ranks=ranks, command=args.command_line)
     if ranks is not None and ranks.rank != 0:
         return 0
     out = write_results(result, args.out)
@@ -290,7 +291,7 @@ def _cmd_sweep(args) -> int:
     from .launch import Ranks, process_group
     ranks = Ranks.from_env()
     with process_group(ranks, args.device):
-        result = compare(model, config, vae=_load_vae(args), ranks=ranks)
+        result = compare(model, config, vae=_load_vae(args), ranks=ranks, command=args.command_line)
     if ranks is not None and ranks.rank != 0:
         return 0
     out = write_sweep(result, args.out, args.strategy, grid, args.speed, args.fidelity)
@@ -700,6 +701,7 @@ def main(argv=None) -> int:
     import warnings
     warnings.formatwarning = _one_line_warning  # a warning is one line of the CLI's output, not two
     args = make_parser().parse_args(argv)
+    args.command_line = shlex.join(["mar-probe", *(sys.argv[1:] if argv is None else argv)])  # kept in results
     try:
         return args.func(args)
     except KeyboardInterrupt as exc:  # one line; commands that keep partial work say what and how to resume

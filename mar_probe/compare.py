@@ -22,7 +22,8 @@ machinery and adds the Pareto front of speed against fidelity.
 
 ``results.json`` (``format = "mar_probe.compare"``, ``version = 1``)::
 
-    {"format", "version", "settings": CompareConfig.to_dict(), "machine": {...}, "model", "weights_sha256",
+    {"format", "version", "command": the command line or None, "settings": CompareConfig.to_dict(),
+     "machine": {...}, "model", "weights_sha256",
      "strategies": {LABEL: {
          "label", "config": strategy.to_dict(), "steps", "samples_path": "samples/LABEL.npz",
          "seconds": I, "gflops": I, "speedup": {"time": I, "flops": I},
@@ -312,7 +313,7 @@ class CompareResult:
 
 
 def compare(model, config: CompareConfig, vae=None, progress: bool = True, partial=None,
-            resume: bool = False, ranks: Ranks | None = None) -> CompareResult:
+            resume: bool = False, ranks: Ranks | None = None, command: str | None = None) -> CompareResult:
     """Run every strategy of ``config`` on every seed (strategies interleaved per seed, so that a busy machine
     slows all alike) and judge them against ``full`` (see the module docstring).
 
@@ -320,7 +321,8 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
     :class:`PartialRuns`); with ``resume`` the runs already there are loaded instead of run again.
     Under torchrun (``ranks``, the process group joined: :mod:`mar_probe.launch`) the seeds are spread over the
     ranks, every strategy of a seed on the same rank, and the runs are gathered: every rank returns the same
-    result."""
+    result. ``command`` (the command line that asked for it) is recorded in the results beside the settings, the
+    machine and the weights' SHA-256, so a result file says how to make it again (issue 15)."""
     from .probe.record import image_shape, weights_sha256
     config = config.resolved(model)  # results and the resume stamp hold the settings actually used
     if image_shape(model, vae) == (28, 28, 1) and config.num_samples < 2:  # checked before anything is sampled
@@ -361,8 +363,8 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
                 entry["paired"] = paired_difference(fid[label], fid[config.paired_against], config.paired_against)
                 entry["paired"].update({k: v for k, v in seed_paired_difference(
                     entry["per_seed"], ref["per_seed"], config.paired_against).items() if k != "against"})
-    results = {"format": FORMAT, "version": VERSION, "settings": config.to_dict(), "machine": machine(),
-               "model": model.config.name, "weights_sha256": sha, "strategies": strategies}
+    results = {"format": FORMAT, "version": VERSION, "command": command, "settings": config.to_dict(),
+               "machine": machine(), "model": model.config.name, "weights_sha256": sha, "strategies": strategies}
     return CompareResult(results, runs)
 
 

@@ -1,0 +1,64 @@
+"""Numbers in prose come from files (issue 15): the pages rendered from templates and committed result files equal
+the committed pages, intervals are clipped and flagged, and one table refuses result files that do not match."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import render_docs as R  # noqa: E402
+
+
+@pytest.mark.parametrize("page", R.PAGES)
+def test_committed_page_equals_its_rendering(page):
+    committed = (R.ROOT / "docs" / page).read_text()
+    assert committed == R.render(page), (f"docs/{page} differs from benchmarks/templates/{page} rendered with the "
+                                         "committed results: run `python benchmarks/render_docs.py`")
+
+
+def test_check_names_a_stale_page(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(R, "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / R.PAGES[0]).write_text("typed by hand: 46.5 dB\n")
+    assert R.main(["--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"stale generated page(s): {R.PAGES[0]}" in out and "-typed by hand: 46.5 dB" in out
+
+
+@pytest.mark.parametrize("stat, metric, text", [
+    ({"mean": 0.0032, "lo": -0.00156, "hi": 0.0079, "n": 210}, "token_mse", r"0.0032 [0, 0.0079]\*"),
+    ({"mean": 0.95, "lo": 0.9, "hi": 1.17, "n": 20}, "class_accuracy", r"0.950 [0.900, 1.000]\*"),
+    ({"mean": 0.5, "lo": 0.4, "hi": 0.6, "n": 20, "clipped": True}, "class_accuracy", r"0.500 [0.400, 0.600]\*"),
+    ({"mean": 0.95, "lo": 0.9, "hi": 0.99, "n": 20}, "class_accuracy", "0.950 [0.900, 0.990]"),
+    ({"mean": 1.0, "lo": 1.0, "hi": 1.0, "n": 3}, "class_accuracy", "1.000"),
+    ({"mean": 2.0, "lo": None, "hi": None, "n": 1}, "speedup", "2.000"),
+])
+def test_intervals_are_clipped_to_the_range_and_flagged(stat, metric, text):
+    assert R.interval_text(stat, ".3f" if metric != "token_mse" else ".2g", metric) == text
+
+
+def _results(folder: Path, sha="a" * 64, temperature=0.6, psnr=30.0):
+    folder.mkdir(parents=True)
+    entry = {"label": "m", "steps": 16, "speedup": {"flops": {"mean": 2.0, "lo": 2.0, "hi": 2.0, "n": 1}},
+             "fidelity": {"psnr": {"mean": psnr, "lo": psnr - 1, "hi": psnr + 1, "n": 8}}}
+    settings = {"num_samples": 8, "labels": None, "seeds": [0], "num_iter": 16, "cfg": 3.0, "cfg_schedule": "linear",
+                "temperature": temperature, "rng": "own"}
+    (folder / "results.json").write_text(json.dumps({"format": "mar_probe.compare", "version": 1, "model": "x",
+                                                     "weights_sha256": sha, "settings": settings,
+                                                     "strategies": {"m": entry}}))
+
+
+def test_one_table_refuses_results_of_another_model_or_settings(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    _results(tmp_path / "a")
+    _results(tmp_path / "b", psnr=31.0)
+    _results(tmp_path / "c", sha="b" * 64, temperature=1.0)
+    a, b, c = (R.CompareResults(n) for n in "abc")
+    assert R.table([(a, "m", "A"), (b, "m", "B")], ["flops", "psnr"]).splitlines()[2:] == [
+        "| A | 2.00 | 30.0 [29.0, 31.0] |", "| B | 2.00 | 31.0 [30.0, 32.0] |"]
+    with pytest.raises(ValueError, match=r"result files 'a' and 'c' cannot share a table: they differ in "
+                                         r"weights_sha256: 'a{64}' vs 'b{64}'; temperature: 0.6 vs 1.0"):
+        R.table([(a, "m", "A"), (c, "m", "C")], ["psnr"])
+    with pytest.raises(KeyError, match=r"'a' has no strategy 'lazymar'; it has \['m'\]"):
+        a.mean("lazymar", "fidelity.psnr", ".1f")
