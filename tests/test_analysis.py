@@ -481,3 +481,12 @@ def test_open_run_analysis_matches_numpy(tiny_store):
     with pytest.raises(ValueError, match=r"step \[8, 9\] not in the store; it has step \[0, 1, 2, 3, 4, 5\]"):
         from mar_probe.plot.figures import cosine_map_data
         cosine_map_data(ds, pairs=[(8, 9)], layers=[0])
+
+
+@pytest.mark.parametrize("quantity, bounds", [("median_step_ratio_cond/residual", (0.0, np.inf)),
+                                              ("ratio_cond/residual", (0.0, np.inf)), ("mse_cond", (0.0, np.inf)),
+                                              ("share_above_0.95", (0.0, 1.0)), ("mean_cos", (-1.0, 1.0)),
+                                              ("mean_cos_minus_t-1", None)])
+def test_every_summary_quantity_is_clipped_to_its_range(quantity, bounds):
+    from mar_probe.analysis.summary import _bounds
+    assert _bounds(quantity) == bounds
