@@ -585,7 +585,7 @@ def _cmd_analyze(args) -> int:
     with dask_cluster(scheduler=args.scheduler, workers=args.workers, timeout=args.timeout) as client:
         table, skipped = run_summary(ds, layer=args.layer, lazymar_layer=args.lazymar_layer, k=args.k,
                                      threshold=args.threshold, scheduler=client, claims=args.claims)
-    report = summary_json(table, skipped)
+    report = summary_json(table, skipped, ds=ds, command=args.command_line)
     if args.json == "-":
         print(json.dumps(report, indent=2, default=str))
         return 0

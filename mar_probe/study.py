@@ -140,7 +140,7 @@ def _write_summary(ds, config: StudyConfig, out: Path):
     from .analysis import format_summary, run_summary, summary_json
     table, skipped = run_summary(ds, layer=config.layer, k=config.k)
     (out / "summary.txt").write_text(format_summary(table, skipped))
-    (out / "summary.json").write_text(json.dumps(summary_json(table, skipped), indent=2, default=str))
+    (out / "summary.json").write_text(json.dumps(summary_json(table, skipped, ds=ds), indent=2, default=str))
     return table, skipped
 
 

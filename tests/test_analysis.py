@@ -1,5 +1,6 @@
 """Analysis against plain numpy loops on a small synthetic run; categories; bad inputs; `mar-probe figures`."""
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
@@ -490,3 +491,16 @@ def test_open_run_analysis_matches_numpy(tiny_store):
 def test_every_summary_quantity_is_clipped_to_its_range(quantity, bounds):
     from mar_probe.analysis.summary import _bounds
     assert _bounds(quantity) == bounds
+
+
+def test_summary_json_says_what_it_measured(tmp_path):
+    """A summary file records its command, the machine and the runs' model, weights and settings (issue 15)."""
+    from mar_probe.analysis.summary import SOURCE_ATTRS, summary_json
+    ds = xr.Dataset(attrs={"weights_sha256": "ab" * 32, "model_preset": "fashion_small", "runs": "['a', 'b']",
+                           "unrelated": 1})
+    table = pd.DataFrame(columns=["section", "quantity"])
+    report = summary_json(table, ds=ds, command="mar-probe analyze a b --json s.json")
+    src = report["source"]
+    assert src["command"] == "mar-probe analyze a b --json s.json" and src["weights_sha256"] == "ab" * 32
+    assert src["model_preset"] == "fashion_small" and "unrelated" not in src and "cores" in src["machine"]
+    assert set(src) <= {"command", "machine", *SOURCE_ATTRS}

@@ -357,7 +357,17 @@ def _row_text(r) -> str:
     return f"  {r['quantity']:<28s} {where:<34s} {_ci(r, fmt)}  (n={int(r['n'])})"
 
 
-def summary_json(table: pd.DataFrame, skipped: dict | None = None) -> dict:
-    """The summary as a JSON-able dict: settings, headlines, rows and skipped sections."""
+SOURCE_ATTRS = ("runs", "model_preset", "checkpoint_sha256", "weights_sha256", "sampling", "strategy")
+"""Run attributes a summary file keeps, so that it says which model, weights and settings it measured (issue 15:
+every result file records the command, the model's SHA-256 and the machine)."""
+
+
+def summary_json(table: pd.DataFrame, skipped: dict | None = None, *, ds: xr.Dataset | None = None,
+                 command: str | None = None) -> dict:
+    """The summary as a JSON-able dict: settings, headlines, rows and skipped sections, and its ``source``: the
+    command, the machine and, from ``ds`` (the runs measured), :data:`SOURCE_ATTRS`."""
+    from ..machine import machine
     rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
-    return {"settings": dict(table.attrs), "headlines": headlines(table), "rows": rows, "skipped": skipped or {}}
+    attrs = {} if ds is None else {k: ds.attrs[k] for k in SOURCE_ATTRS if k in ds.attrs}
+    return {"source": {"command": command, "machine": machine(), **attrs}, "settings": dict(table.attrs),
+            "headlines": headlines(table), "rows": rows, "skipped": skipped or {}}
