@@ -498,7 +498,8 @@ def test_summary_json_says_what_it_measured(tmp_path):
     from mar_probe.analysis.summary import SOURCE_ATTRS, summary_json
     ds = xr.Dataset(attrs={"weights_sha256": "ab" * 32, "model_preset": "fashion_small", "runs": "['a', 'b']",
                            "unrelated": 1})
-    table = pd.DataFrame(columns=["section", "quantity"])
+    from mar_probe.analysis.summary import COLUMNS
+    table = pd.DataFrame(columns=list(COLUMNS))
     report = summary_json(table, ds=ds, command="mar-probe analyze a b --json s.json")
     src = report["source"]
     assert src["command"] == "mar-probe analyze a b --json s.json" and src["weights_sha256"] == "ab" * 32
