@@ -21,7 +21,7 @@ LAYERS = (
     ("sampler", "api"),
     ("probe", "quality"),
     ("analysis",),
-    ("compare", "tune", "train", "plot"),
+    ("compare", "ablation", "tune", "train", "plot"),
     ("study", "widgets"),
     ("cli", "__main__", "__init__"),
 )
