@@ -182,10 +182,12 @@ def _generate_shadow(model, labels, kw, out: Path):
     res, ds = sample_with_shadow(model, labels, **kw)
     out.mkdir(parents=True, exist_ok=True)
     ds.to_zarr(out / "shadow.zarr", mode="w")
-    ax = shadow_error(shadow_error_data(ds, "dec_kv_err"))
+    data = shadow_error_data(ds, "dec_kv_err")
+    data.to_csv(out / "dec_kv_err.csv", index=False)  # the plotted values, as every figure writes them
+    ax = shadow_error(data)
     ax.figure.savefig(out / "shadow.png", dpi=120)
     print(f"shadow: mean dec K/V error {float(ds['dec_kv_err'].mean()):.4g}, z error {float(ds['z_err'].mean()):.4g}"
-          f"; wrote {out / 'shadow.zarr'} and shadow.png")
+          f"; wrote {out / 'shadow.zarr'}, shadow.png and dec_kv_err.csv")
     return res
 
 

@@ -338,6 +338,11 @@ def test_cli_generate_shadow_writes_store_and_figure(tmp_path):
     assert ds["dec_kv_err"].sizes == {"sample": 1, "step": 3, "branch": 2, "layer": 2, "token": 68}
     assert ds["refresh"].values.tolist() == [[True, False, False]]
     assert (out / "shadow.png").stat().st_size > 0
+    import pandas as pd
+    from mar_probe.plot.compare import shadow_error_data
+    written = pd.read_csv(out / "dec_kv_err.csv")                   # the plotted values, the figure's data
+    pd.testing.assert_frame_equal(written, shadow_error_data(ds, "dec_kv_err").reset_index(drop=True),
+                                  check_dtype=False)
 
 
 def test_shadow_error_data_marks_refresh_steps(tiny):
