@@ -119,14 +119,15 @@ def markdown(payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(payload: dict, path: Path) -> Path:
-    """Bars of best seconds per component (stacked) per strategy, labelled with time and FLOP speed-ups."""
+def draw(payload: dict):
+    """Bars of best seconds and of GFLOPs per component (stacked) per strategy, each bar labelled with its
+    end-to-end speed-up (time) or FLOP ratio over full, transformer-only in brackets; returns the Figure."""
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     rows = payload["results"]
     names = list(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), layout="constrained")
     for ax, key, unit, scale in ((axes[0], "seconds", "seconds (best of rounds)", 1.0),
                                  (axes[1], "flops", "GFLOPs", 1e-9)):
         bottom = [0.0] * len(names)
@@ -137,17 +138,27 @@ def figure(payload: dict, path: Path) -> Path:
         ratio = "speedup" if key == "seconds" else "flop_ratio"
         for i, n in enumerate(names):
             r = rows[n][ratio]
-            ax.annotate(f"{r['end_to_end']:.2f}x\n(tf {r['transformer']:.2f}x)", (i, bottom[i]), ha="center",
+            ax.annotate(f"{r['end_to_end']:.2f}x\n({r['transformer']:.2f}x)", (i, bottom[i]), ha="center",
                         va="bottom", fontsize=8)
         ax.set_ylabel(unit)
         ax.set_ylim(0, max(bottom) * 1.25)
         ax.tick_params(axis="x", labelrotation=20)
-    axes[0].set_title("time: end-to-end speed-up (transformer)")
-    axes[1].set_title("FLOPs: end-to-end ratio (transformer)")
-    axes[0].legend(loc="upper right")
+        ax.set_xlabel("strategy")
+    axes[0].set_title("time per run; bar labels: speed-up over full\n(end to end, transformer only in brackets)",
+                      fontsize="medium")
+    axes[1].set_title("FLOPs per run; bar labels: FLOP ratio full / strategy\n(end to end, transformer only in "
+                      "brackets)", fontsize="medium")
+    axes[1].legend(title="component", loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
     s = payload["settings"]
     fig.suptitle(f"{s['preset']}, batch {s['batch']}, {s['num_iter']} steps, CFG {s['cfg']}, "
                  f"{s['num_sampling_steps']} diffusion steps, {payload['machine']['cores']} cores")
+    return fig
+
+
+def figure(payload: dict, path: Path) -> Path:
+    """:func:`draw` as an image at ``path``."""
+    import matplotlib.pyplot as plt
+    fig = draw(payload)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -141,7 +141,8 @@ def _panel(quantity: str) -> tuple[str, str]:
     return quantity, ""
 
 
-def plot(frame: pd.DataFrame, stages: list[str], path: Path) -> Path:
+def draw(frame: pd.DataFrame, stages: list[str]):
+    """One panel per measured quantity: mean and 95% t-interval per training stage; returns the Figure."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -151,7 +152,7 @@ def plot(frame: pd.DataFrame, stages: list[str], path: Path) -> Path:
         panels.setdefault(title, []).append((q, label))
     cols = 3
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.2 * rows), squeeze=False, layout="constrained")
     x = np.arange(len(stages))
     for ax, (title, lines) in zip(axes.ravel(), panels.items()):
         for i, (q, label) in enumerate(lines):
@@ -169,7 +170,13 @@ def plot(frame: pd.DataFrame, stages: list[str], path: Path) -> Path:
     for ax in axes.ravel()[len(panels):]:
         ax.axis("off")
     fig.suptitle("Headline measurements across training stages (mean and 95% t-interval over samples)")
-    fig.tight_layout()
+    return fig
+
+
+def plot(frame: pd.DataFrame, stages: list[str], path: Path) -> Path:
+    """:func:`draw` as an image at ``path``."""
+    import matplotlib.pyplot as plt
+    fig = draw(frame, stages)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

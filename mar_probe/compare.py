@@ -408,7 +408,7 @@ def write_results(result: CompareResult, out) -> Path:
     results_frame(result.results).to_csv(out / "results.csv", index=False)
     n = result.results["settings"]["grid_images"]
     if images and n:
-        save_strategy_grid({k: v[:n] for k, v in images.items()}, out / "grid.png")
+        save_strategy_grid({k: v[:n] for k, v in images.items()}, out / "grid.png", result.results)
     return out
 
 
@@ -687,7 +687,8 @@ def write_sweep(result: CompareResult, out, strategy: str, grid: dict, speed: st
     df = sweep_frame(result.results, list(grid), speed, fidelity)
     df.to_csv(out / "sweep.csv", index=False)
     if speed in df and fidelity in df:
-        ax = pareto_plot(df[(df["label"] != "full") | (fidelity not in FIDELITY)], speed, fidelity)
+        ax = pareto_plot(df[(df["label"] != "full") | (fidelity not in FIDELITY)], speed, fidelity,
+                         options=list(grid))
         ax.figure.savefig(out / "pareto.png", dpi=120)
         import matplotlib.pyplot as plt
         plt.close(ax.figure)

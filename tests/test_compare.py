@@ -181,7 +181,7 @@ def test_table_and_pareto_plot_flag_clipped_intervals(compared):
                        "speedup_flops_hi": [1.5, 4.0], "speedup_flops_clipped": [False, True], "psnr": [30.0, 20.0],
                        "psnr_lo": [np.nan, 19.0], "psnr_hi": [np.nan, 21.0]})
     ax = pareto_plot(df, "speedup_flops", "psnr")
-    texts = [t.get_text() for t in ax.texts]
+    texts = [t.get_text() for t in ax.texts + ax.get_legend().get_texts()]       # labels: in the legend
     assert "a" in texts and "b*" in texts and "* interval clipped to the metric's range" in texts
     import matplotlib.pyplot as plt
     plt.close(ax.figure)

@@ -15,50 +15,107 @@ def _plt():
     return plt
 
 
-def save_strategy_grid(images: dict, path, scale: float = 0.9) -> Path:
-    """One row per strategy (its label on the left) of uint8 images [n, H, W, C] -> PNG at ``path``."""
+#: axis labels with units of the quantities compare reports (others: their column name)
+AXIS_LABELS = {"speedup_flops": "FLOPs speed-up over full (×)", "speedup_time": "time speed-up over full (×)",
+               "seconds": "seconds per run (s)", "gflops": "GFLOPs per run", "psnr": "PSNR vs full (dB)",
+               "ssim": "SSIM vs full", "token_mse": "token MSE vs full", "token_cos": "token cosine vs full",
+               "class_accuracy": "class accuracy (judge)", "frechet_distance": "Fréchet distance (judge features)"}
+
+
+def axis_label(name: str) -> str:
+    """``name``'s axis label with its unit (:data:`AXIS_LABELS`), else the name itself."""
+    return AXIS_LABELS.get(name, name)
+
+
+def _grid_caption(label: str, results: dict | None) -> str:
+    """A column title: the strategy's label (one option a line) and its mean PSNR against full if reported."""
+    title = label.replace(",", "\n")
+    entry = (results or {}).get("strategies", {}).get(label, {})
+    psnr = entry.get("fidelity", {}).get("psnr", {}).get("mean")
+    if label == "full" and entry:
+        return title + "\n(reference)"
+    return title + (f"\nPSNR {psnr:.1f} dB" if psnr is not None else "")
+
+
+def strategy_grid_figure(images: dict, results: dict | None = None, scale: float = 1.15):
+    """One column per strategy (titled with its label and, from ``results``, its mean PSNR vs full), one row per
+    sample, of uint8 images [n, H, W, C]; returns the Figure."""
+    from .lint import exempt_labels
     plt = _plt()
     n = max(len(v) for v in images.values())
-    fig, axes = plt.subplots(len(images), n, figsize=(scale * n + 1.2, scale * len(images)), squeeze=False,
+    cols = len(images)
+    fig, axes = plt.subplots(n, cols, figsize=(scale * cols + 0.4, scale * n + 0.9), squeeze=False,
                              layout="constrained")
-    for r, (label, imgs) in enumerate(images.items()):
-        for c in range(n):
+    for c, (label, imgs) in enumerate(images.items()):
+        axes[0, c].set_title(_grid_caption(label, results), fontsize=7)
+        for r in range(n):
             ax = axes[r, c]
             ax.set_xticks([])
             ax.set_yticks([])
-            if c < len(imgs):
-                img = imgs[c]
+            exempt_labels(ax, "a generated sample")
+            if r < len(imgs):
+                img = imgs[r]
                 ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray", vmin=0, vmax=255)
-            if c == 0:
-                ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
+            else:
+                ax.axis("off")
+    if results is not None:
+        fig.suptitle("same labels and seeds per row; PSNR: mean over all compared images", fontsize=7)
+    return fig
+
+
+def save_strategy_grid(images: dict, path, results: dict | None = None, scale: float = 1.15) -> Path:
+    """:func:`strategy_grid_figure` as a PNG at ``path``."""
+    plt = _plt()
+    fig = strategy_grid_figure(images, results, scale)
     path = Path(path)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def pareto_plot(df: pd.DataFrame, speed: str, fidelity: str, ax=None):
-    """Speed (x) against fidelity (y) with interval bars, labels, and the Pareto front (``on_front``) joined."""
+def pareto_plot(df: pd.DataFrame, speed: str, fidelity: str, ax=None, options=None):
+    """Speed (x) against fidelity (y) with interval bars, one colour per configuration (named in the legend beside
+    the axes), and the Pareto front (``on_front``) joined by a dashed line.
+
+    When every configuration has the same speed (a swept option that does not change the cost, e.g. MARché's
+    selection rule), the x axis lists the configurations instead and the common speed is in the title.
+    ``options``: the swept options (the x axis' label then).
+    """
+    from ._style import footnote, legend_beside
     plt = _plt()
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+        _, ax = plt.subplots(figsize=(7.6, 4.4), layout="constrained")
     x, y = df[speed].to_numpy(float), df[fidelity].to_numpy(float)
-    xerr = _err(df, speed)
-    yerr = _err(df, fidelity)
-    ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", ms=4, lw=0.8, capsize=2)
+    xerr, yerr = _err(df, speed), _err(df, fidelity)
     clipped = _clipped(df, speed) | _clipped(df, fidelity)
-    for xi, yi, lab, clip in zip(x, y, df["label"], clipped):
-        ax.annotate(f"{lab}*" if clip else lab, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    if clipped.any():
-        ax.annotate("* interval clipped to the metric's range", (1, 0), xycoords="axes fraction",
-                    xytext=(-4, 4), textcoords="offset points", ha="right", va="bottom", fontsize=7, color="0.3")
-    if "on_front" in df:
-        front = df[df["on_front"]].sort_values(speed)
-        ax.plot(front[speed], front[fidelity], "k--", lw=1, label="Pareto front")
-        ax.legend(fontsize=8)
-    ax.set(xlabel=f"{speed} over full (x)", ylabel=f"{fidelity} vs full" if fidelity in
-           ("token_mse", "token_cos", "psnr", "ssim") else fidelity, title="speed-quality trade-off")
+    labels = [f"{lab}*" if clip else str(lab) for lab, clip in zip(df["label"], clipped)]
+    finite = x[np.isfinite(x)]
+    one_speed = len(finite) > 1 and np.ptp(finite) <= 1e-9 * max(1.0, np.abs(finite).max())
+    pos = np.arange(len(df), dtype=float) if one_speed else x
+    for i, lab in enumerate(labels):
+        xe = None if xerr is None or one_speed else xerr[:, i:i + 1]
+        ye = None if yerr is None else yerr[:, i:i + 1]
+        ax.errorbar(pos[i:i + 1], y[i:i + 1], xerr=xe, yerr=ye, fmt="o", ms=5, lw=0.8, capsize=2, color=f"C{i % 10}",
+                    label=lab)
+    if "on_front" in df and df["on_front"].any():
+        on = df["on_front"].to_numpy(bool)
+        order = np.argsort(pos[on])
+        style = dict(ls="--", lw=1) if on.sum() > 1 and not one_speed else dict(ls="none", ms=11, mfc="none")
+        ax.plot(pos[on][order], y[on][order], color="k", marker="o" if "ms" in style else None,
+                label="Pareto front" if "ms" not in style else "best (Pareto front)", **style)
+    if one_speed:
+        ax.set_xticks(pos, [str(v).replace(",", "\n") for v in df["label"]], fontsize="small")
+        ax.set_xlim(-0.6, len(df) - 0.4)
+        xlabel = f"swept option{'s' if options and len(options) > 1 else ''}: {', '.join(options)}" if options \
+            else "configuration"
+        title = f"speed-quality trade-off\n(every configuration: {axis_label(speed)} {finite[0]:.3g})"
+    else:
+        xlabel, title = axis_label(speed), "speed-quality trade-off"
+    ax.set(xlabel=xlabel, ylabel=axis_label(fidelity), title=title)
     ax.grid(alpha=0.3)
+    legend_beside(ax, fontsize=8)
+    if clipped.any():
+        footnote(ax, "* interval clipped to the metric's range", fontsize=7)
     return ax
 
 
@@ -82,7 +139,8 @@ def _clipped(df, col) -> np.ndarray:
 
 # ---- shadow error vs step -------------------------------------------------------------------------------------
 def shadow_error_data(ds: xr.Dataset, var: str = "dec_kv_err", branch: str = "cond") -> pd.DataFrame:
-    """Mean shadow error per step and layer (mean over tokens, 95% CI over samples), with the refresh flag.
+    """Mean shadow error per step and layer (mean over tokens, 95% CI over samples, clipped at 0), with the
+    refresh flag.
 
     ``var`` is a shadow variable with a layer dim (``dec_kv_err``, ``enc_kv_err``, ``*_resid_err``) or ``z_err``.
     """
@@ -90,7 +148,7 @@ def shadow_error_data(ds: xr.Dataset, var: str = "dec_kv_err", branch: str = "co
     if var not in ds:
         raise ValueError(f"shadow dataset has no {var!r}; expected one of {sorted(ds.data_vars)!r}")
     x = ds[var].sel(branch=branch).mean("token", skipna=True)              # [sample, step, (layer)]
-    agg = aggregate(x, "sample").to_dataframe().reset_index()
+    agg = aggregate(x, "sample", bounds=(0.0, np.inf)).to_dataframe().reset_index()   # a relative error is >= 0
     layer = next((d for d in x.dims if d.endswith("layer")), None)
     if layer is None:
         agg["layer"] = "z"
@@ -102,9 +160,12 @@ def shadow_error_data(ds: xr.Dataset, var: str = "dec_kv_err", branch: str = "co
 
 def shadow_error(data: pd.DataFrame, ax=None):
     """Shadow error against step, one line per layer, refresh steps marked: error grows between refreshes."""
+    from ._style import legend_beside
+    from .lint import declare_range
     plt = _plt()
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+        _, ax = plt.subplots(figsize=(7.4, 4.2), layout="constrained")
+    declare_range(ax, 0, None)
     for layer, g in data.groupby("layer", sort=True):
         g = g.sort_values("step")
         line, = ax.plot(g["step"], g["mean"], marker="o", ms=2.5, lw=1, label=f"layer {layer}")
@@ -112,6 +173,6 @@ def shadow_error(data: pd.DataFrame, ax=None):
     for step in data.loc[data["refresh"].astype(bool), "step"].unique():
         ax.axvline(step, color="0.6", lw=0.6, ls=":")
     ax.set(xlabel="step (dotted: full refresh)", ylabel=f"{data['var'].iloc[0]} (relative error vs full)",
-           title="shadow error: what the strategy used vs fresh values")
-    ax.legend(fontsize=7, ncol=2)
+           title="shadow error: what the strategy used vs fresh values\n(mean over tokens, 95% CI over samples)")
+    legend_beside(ax, fontsize=7)
     return ax

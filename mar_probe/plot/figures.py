@@ -12,11 +12,13 @@ import pandas as pd
 import xarray as xr
 
 from .. import analysis as A
+from ._style import footnote, legend_beside, legend_outside
+from .lint import declare_range
 
 CI_NOTE = "shaded: 95% CI over samples (t-interval, clipped to the valid range)"
 
 
-def _axes(ax, figsize=(6.4, 4.2)):
+def _axes(ax, figsize=(7.8, 4.6)):
     import matplotlib.pyplot as plt
     import seaborn as sns
     sns.set_theme(style="whitegrid", context="notebook")
@@ -68,8 +70,9 @@ def lazymar_fig1(data: pd.DataFrame, ax=None):
     var = data["var"].iloc[0] if len(data) else "?"
     ax.set(xlabel="decoding step s", ylabel=f"cos({var}[s], {var}[s-1])",
            title="Token redundancy: adjacent-step cosine by token category")
-    ax.legend(title="token (t = generated now)", fontsize="small")
-    ax.text(0.01, 0.01, CI_NOTE, transform=ax.transAxes, fontsize="x-small")
+    declare_range(ax, -1, 1)
+    legend_beside(ax, title="token\n(t = generated now)", title_fontsize="small")
+    footnote(ax, CI_NOTE)
     return ax
 
 
@@ -103,7 +106,8 @@ def lazymar_fig2(data: pd.DataFrame, ax=None):
     _band(ax, data[data["quantity"].isin(["cond", "uncond", "residual"])], "step")
     ax.set_yscale("log")
     ax.set(xlabel="decoding step s", ylabel="MSE between step s and s-1")
-    right = ax.twinx()
+    declare_range(ax, 0, None)
+    right = declare_range(ax.twinx(), 0, None)
     right.grid(False)
     _band(right, data[data["quantity"] == "ratio_cond"], "step", color="0.3", ls="--")
     right.axhline(35.5, color="0.3", ls=":", lw=1, label="LazyMAR: 35.5x")
@@ -116,8 +120,9 @@ def lazymar_fig2(data: pd.DataFrame, ax=None):
                  fontsize="medium")
     lines = ax.get_legend_handles_labels()
     more = right.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], title="output", fontsize="small")
-    ax.text(0.01, 0.01, CI_NOTE + "; title: 95% CIs", transform=ax.transAxes, fontsize="x-small")
+    legend_outside(ax.figure, lines[0] + more[0], lines[1] + more[1], title="output", loc="outside lower center",
+                   ncol=3)
+    footnote(ax, CI_NOTE + "; title: 95% CIs")
     return ax
 
 
@@ -165,14 +170,15 @@ def _share_text(r) -> str:
 
 def marche_fig1(data: pd.DataFrame, ax=None):
     """MARché Fig. 1: K cosine between two steps at one layer on the token grid (bright = unchanged)."""
-    ax = _axes(ax, (4.8, 4.6))
+    ax = _axes(ax, (4.8, 5.8))
     ax.grid(False)
     r = data.iloc[0]
     im = _cos_map(ax, data, min(0.8, float(np.nanmin(data["cos"]))))
-    ax.figure.colorbar(im, ax=ax, label="cosine similarity")
-    ax.set_title(f"{r['var']} cosine, step {r['step_from']}->{r['step_to']}, layer {r['layer']}, sample "
-                 f"{r['sample']}\n{_share_text(r)} (95% CI)", fontsize="small")
+    ax.figure.colorbar(im, ax=ax, label="cosine similarity", location="bottom", shrink=0.8)
+    ax.set_title(f"{r['var']} cosine, step {r['step_from']}->{r['step_to']}\nlayer {r['layer']}, sample "
+                 f"{r['sample']}", fontsize="small")
     ax.set(xlabel="token column", ylabel="token row")
+    footnote(ax, f"{_share_text(r)} (95% CI)")
     return ax
 
 
@@ -223,13 +229,19 @@ def _default_k(ds) -> int:
 def marche_fig12_data(ds: xr.Dataset, k: int | None = None, ref_layer: int = 1) -> pd.DataFrame:
     """Overlap of each layer's top-K attended tokens with ``ref_layer``'s, per step (CI over samples).
 
-    ``k`` defaults to 64 (MARché's budget), or a quarter of the image tokens when that is smaller.
+    ``chance`` is the overlap of two random top-K sets, K / N with N the tokens ranked at that step (the
+    non-generating ones, mean over samples). ``k`` defaults to 64 (MARché's budget), or a quarter of the image
+    tokens when that is smaller.
     """
     A.require(ds, "attn_gen")
     k = k or _default_k(ds)
     ov = _computed(A.topk_overlap_layers(ds, k=k, ref_layer=ref_layer))
     df = _agg_frame(ov, bounds=(0, 1))
-    return df.assign(k=k, ref_layer=ref_layer, series=[f"layer {v}" for v in df["layer"]])
+    attn = ds["attn_gen"].sel(branch="cond", drop=True) if "branch" in ds["attn_gen"].dims else ds["attn_gen"]
+    eligible = (attn.sel(layer=ref_layer, drop=True).notnull() & ~ds["pred"]).sum("token").mean("sample")
+    chance = np.minimum(1.0, k / _computed(eligible).to_series().clip(lower=1))
+    return df.assign(k=k, ref_layer=ref_layer, series=[f"layer {v}" for v in df["layer"]],
+                     chance=df["step"].map(chance).to_numpy())
 
 
 def marche_fig12(data: pd.DataFrame, ax=None):
@@ -237,11 +249,15 @@ def marche_fig12(data: pd.DataFrame, ax=None):
     ax = _axes(ax)
     _band(ax, data, "step")
     k, ref = data["k"].iloc[0], data["ref_layer"].iloc[0]
+    if "chance" in data:
+        chance = data.drop_duplicates("step").sort_values("step")
+        ax.plot(chance["step"], chance["chance"], color="k", ls="--", lw=1, label="chance (K/N)")
     ax.set(xlabel="decoding step", ylabel=f"|top-{k}(layer) ∩ top-{k}(layer {ref})| / {k}", ylim=(0, 1.05),
-           title=f"Top-{k} attention overlap with layer {ref} (from generating tokens)")
-    ax.legend(fontsize="small")
-    ax.text(0.01, 0.01, CI_NOTE + "; layers 0-based (MARché's Layer 2 = layer 1)", transform=ax.transAxes,
-            fontsize="x-small")
+           title=f"Top-{k} attention overlap with layer {ref}\n(attention from the generating tokens)")
+    declare_range(ax, 0, 1)
+    legend_beside(ax)
+    footnote(ax, CI_NOTE + "; layers 0-based (MARché's Layer 2 = layer 1); chance: two random top-K sets of the "
+                 "N tokens ranked at that step")
     return ax
 
 
@@ -286,6 +302,7 @@ def selection_vs_drift(data: pd.DataFrame, ax=None):
     _band(ax, data[data["selector"] == "random"], "k", color="k", ls="--")
     ax.set(xlabel="K (refresh budget)", ylabel=f"precision = recall vs top-K drift of {data['var'].iloc[0]}",
            ylim=(0, 1.05), title="Selected tokens vs tokens that actually drift")
-    ax.legend(fontsize="x-small")
-    ax.text(0.01, 0.01, CI_NOTE + "; layers 0-based", transform=ax.transAxes, fontsize="x-small")
+    declare_range(ax, 0, 1)
+    legend_beside(ax, fontsize="x-small")
+    footnote(ax, CI_NOTE + "; layers 0-based")
     return ax

@@ -24,9 +24,11 @@ def plot_loss_curve(history, path=None, ax=None, window: int = 50, phase_iterati
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+
+    from ._style import legend_beside
     h = np.asarray(history, dtype=float)
     if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.5))
+        _, ax = plt.subplots(figsize=(7.6, 3.5), layout="constrained")
     ax.plot(h[:, 0], h[:, 1], lw=0.5, alpha=0.35, label="loss per iteration")
     if len(h) >= window:
         smooth = np.convolve(h[:, 1], np.ones(window) / window, mode="valid")
@@ -35,8 +37,7 @@ def plot_loss_curve(history, path=None, ax=None, window: int = 50, phase_iterati
         ax.axvline(start, color="grey", ls=":", lw=1)
     ax.set(xlabel="iteration", ylabel="diffusion loss (MSE + VB)", yscale="log",
            title=f"training loss, {h[-1, 2] / 60:.0f} min wall time")
-    ax.legend()
-    ax.figure.tight_layout()
+    legend_beside(ax)
     if path is not None:
         ax.figure.savefig(Path(path), dpi=120)
     return ax

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .compare import axis_label
+
 if TYPE_CHECKING:
     from ..tune import TuneResult
 
@@ -26,9 +28,10 @@ def tune_plot(result: TuneResult, ax=None):
     """FLOPs speed-up over ``full`` (x) against the target metric (y, mean over images) of every calibration
     candidate, with interval bars; candidates meeting the target filled, the others hollow; the target as a dashed
     line, the chosen configuration starred and its held-out measurement as a diamond."""
+    from ._style import legend_beside
     plt = _plt()
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+        _, ax = plt.subplots(figsize=(8.4, 4.4), layout="constrained")
     target = result.config.target
     for meets, style in ((True, dict(fmt="o", label="meets the target (calibration)")),
                          (False, dict(fmt="o", mfc="none", label="misses it (calibration)"))):
@@ -50,10 +53,10 @@ def tune_plot(result: TuneResult, ax=None):
         ax.errorbar([h.speedup_flops.mean], [h.metric(target.metric).mean], xerr=_bars([h.speedup_flops]),
                     yerr=_bars([h.metric(target.metric)]), fmt="D", ms=6, color="C1", capsize=2,
                     label=f"chosen on held-out seeds ({'met' if result.met else 'not met'})")
-    ax.set(xlabel="FLOPs speed-up over full (x)", ylabel=f"{target.metric} vs full",
+    ax.set(xlabel="FLOPs speed-up over full (×)", ylabel=axis_label(target.metric),
            title=f"tune {result.config.family}: {result.config.search} search")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_beside(ax, fontsize=7)
     return ax
 
 

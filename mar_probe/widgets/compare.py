@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..plot.lint import exempt_labels
 from ._render import blank_figure, ipywidgets, png_bytes, show_image
 from .results import FIDELITY_HINTS, SPEED_HINTS, StrategyEntry, load_results, pick_metric
 
@@ -57,11 +58,16 @@ class StrategyComparison:
         gs = self.fig.add_gridspec(2, n, height_ratios=[1.0, 1.25])
         self.image_axes = [self.fig.add_subplot(gs[0, i]) for i in range(len(self.with_images))]
         self.image_artists = [show_image(ax, e.images[0]) for ax, e in zip(self.image_axes, self.with_images)]
+        for ax in self.image_axes:
+            exempt_labels(ax, "a generated sample")
         self.ax_scatter = self.fig.add_subplot(gs[1, :])
         self.scatter = self.ax_scatter.scatter(np.zeros(len(self.entries)), np.zeros(len(self.entries)), s=36,
                                                c=[f"C{i}" for i in range(len(self.entries))], zorder=3)
         self._errorbars = []
-        self._labels = []
+        from matplotlib.lines import Line2D
+        handles = [Line2D([], [], marker="o", ls="none", color=f"C{i}") for i in range(len(self.entries))]
+        self.ax_scatter.legend(handles, [e.name for e in self.entries], loc="upper left", bbox_to_anchor=(1.01, 1),
+                               borderaxespad=0, fontsize=8, title="strategy")  # beside: no label over a point
 
     def _build_widget(self) -> None:
         W = ipywidgets()
@@ -100,9 +106,9 @@ class StrategyComparison:
     def _draw_scatter(self, speed: str, fidelity: str) -> None:
         ax, pts = self.ax_scatter, self.points()
         self.scatter.set_offsets(np.nan_to_num(pts, nan=0.0))
-        for art in self._errorbars + self._labels:
+        for art in self._errorbars:
             art.remove()
-        self._errorbars, self._labels = [], []
+        self._errorbars = []
         for i, (e, (x, y)) in enumerate(zip(self.entries, pts)):
             if np.isnan(x) or np.isnan(y):
                 continue
@@ -111,12 +117,11 @@ class StrategyComparison:
             yerr = [[y - ym.lo], [ym.hi - y]] if ym.lo is not None and ym.hi is not None else None
             if xerr or yerr:
                 self._errorbars.append(ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor=f"C{i}"))
-            self._labels.append(ax.annotate(e.name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=9))
         ok = ~np.isnan(pts).any(axis=1)
         if ok.any():
             lo, hi = pts[ok].min(0), pts[ok].max(0)
             pad = np.maximum((hi - lo) * 0.15, np.abs(hi) * 0.05 + 1e-9)
-            ax.set(xlim=(lo[0] - pad[0], hi[0] + pad[0] * 2.5), ylim=(lo[1] - pad[1], hi[1] + pad[1]))
+            ax.set(xlim=(lo[0] - pad[0], hi[0] + pad[0]), ylim=(lo[1] - pad[1], hi[1] + pad[1]))
         ax.set(xlabel=speed, ylabel=fidelity, title="speed vs fidelity (bars: intervals where given)")
         ax.grid(True, alpha=0.3)
 

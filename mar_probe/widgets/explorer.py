@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from ..plot.lint import exempt_labels
 from . import frames as F
 from ._render import ipywidgets, new_figure, png_bytes, show_image
 
@@ -31,11 +32,26 @@ def _default_pair(steps: list[int]) -> tuple[int, int]:
     return (adjacent[0], adjacent[0] + 1) if adjacent else (0, 1)
 
 
+def auto_floor(cos: np.ndarray, t_minus_1: np.ndarray) -> float:
+    """The colour floor of a cosine map: min(1st percentile of its finite values, lowest finite value where
+    ``t_minus_1`` (the tokens decoded between the two steps)), rounded down to 0.001, in [-1, 0.999] (0.9 for
+    an empty map)."""
+    finite = np.isfinite(cos)
+    if not finite.any():
+        return 0.9
+    floor = np.percentile(cos[finite], 1)
+    if (finite & t_minus_1).any():
+        floor = min(floor, cos[finite & t_minus_1].min())
+    return float(np.clip(np.floor(floor * 1000) / 1000, -1.0, 0.999))
+
+
 class Explorer:
     """Cosine stability of a recorded variable on the token grid, beside the image the model holds at that step.
 
     Controls: variable, layer, step pair (s0, s1), CFG branch, sample, and the floor of the colour scale (set at
-    start to the 5th percentile of the first map, so that small changes show; lower values saturate). The left
+    start, and on a new variable, to the lower of the map's 1st percentile and its lowest token decoded between
+    s0 and s1: those (t-1 for adjacent steps) change most and never saturate, and one outlier elsewhere does not
+    flatten the scale). The left
     panel is the cosine of each image token's vector between steps s0 and s1 (grey: not processed at one of
     them); the right panel is the canvas after step s1, decoded from the store's tokens and masks (still-masked
     tokens are zeros, as the model has them, tinted blue), with the tokens generated at s1 in red. Works on the
@@ -106,11 +122,14 @@ class Explorer:
         self.map_artist = self.ax_map.imshow(grid, cmap=cmap, vmin=0.9, vmax=1.0, interpolation="nearest")
         self.fig.colorbar(self.map_artist, ax=self.ax_map, label="cosine similarity", shrink=0.85, extend="min")
         self.ax_map.set(xlabel="token column", ylabel="token row")
+        self.ax_map.grid(False)
         for axis in (self.ax_map.xaxis, self.ax_map.yaxis):
             axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         first = F.partial_image(self.ds, int(self.ds["sample"].values[0]), self.steps[0])
         self.image_artist = show_image(self.ax_img, np.zeros_like(first))
         self.overlay_artist = self.ax_img.imshow(np.zeros(first.shape[:2] + (4,)), interpolation="nearest")
+        self.ax_img.grid(False)
+        exempt_labels(self.ax_img, "the image being generated")
 
     def _build_widget(self) -> None:
         W = ipywidgets()
@@ -139,14 +158,16 @@ class Explorer:
             self._hold = False
 
     def _auto_floor(self) -> None:
-        """Floor of the colour scale: the 5th percentile of the first map (in [-1, 0.999])."""
+        """Floor of the colour scale: the lower of the map's 1st percentile and the lowest cosine of the tokens
+        decoded between s0 and s1 (for adjacent steps: t-1), rounded down to the slider's 0.001, in [-1, 0.999]."""
         s = self.state()
         cos = F.cosine_map(self.ds, s["var"], s["sample"], s["steps"], s["layer"], s["branch"])
-        finite = cos[np.isfinite(cos)]
-        floor = float(np.clip(np.percentile(finite, 5), -1.0, 0.999)) if finite.size else 0.9
+        mask = self.ds["mask"].sel(sample=s["sample"])
+        decoded = mask.sel(step=s["steps"][0]).values & ~mask.sel(step=s["steps"][1]).values  # unknown -> known
+        floor = auto_floor(cos, F.image_token_grid(self.ds, decoded) > 0)
         self._hold = True
         try:
-            self.controls["floor"].value = round(floor, 3)
+            self.controls["floor"].value = floor
         finally:
             self._hold = False
 
