@@ -104,11 +104,13 @@ def pareto_plot(df: pd.DataFrame, speed: str, fidelity: str, ax=None, options=No
         ax.plot(pos[on][order], y[on][order], color="k", marker="o" if "ms" in style else None,
                 label="Pareto front" if "ms" not in style else "best (Pareto front)", **style)
     if one_speed:
-        ax.set_xticks(pos, [str(v).replace(",", "\n") for v in df["label"]], fontsize="small")
+        ax.set_xticks(pos, [_tick(v, options) for v in df["label"]], fontsize="small")
         ax.set_xlim(-0.6, len(df) - 0.4)
         xlabel = f"swept option{'s' if options and len(options) > 1 else ''}: {', '.join(options)}" if options \
             else "configuration"
-        title = f"speed-quality trade-off\n(every configuration: {axis_label(speed)} {finite[0]:.3g})"
+        name = axis_label(speed)
+        value = f"{name[:-4]} {finite[0]:.3g}×" if name.endswith(" (×)") else f"{name} {finite[0]:.3g}"
+        title = f"speed-quality trade-off\n(every configuration: {value})"
     else:
         xlabel, title = axis_label(speed), "speed-quality trade-off"
     ax.set(xlabel=xlabel, ylabel=axis_label(fidelity), title=title)
@@ -117,6 +119,13 @@ def pareto_plot(df: pd.DataFrame, speed: str, fidelity: str, ax=None, options=No
     if clipped.any():
         footnote(ax, "* interval clipped to the metric's range", fontsize=7)
     return ax
+
+
+def _tick(label, options) -> str:
+    """A configuration's label as a tick: one option a line, without the swept options' names (the axis'
+    label names them)."""
+    parts = str(label).split(",")
+    return "\n".join(p.split("=", 1)[1] if "=" in p and p.split("=", 1)[0] in (options or ()) else p for p in parts)
 
 
 def _err(df, col):
