@@ -311,7 +311,8 @@ def marche_selection(model, config: CompareConfig, *, budgets=DEFAULT_BUDGETS, s
 
 
 def selection_summary(results: dict, metric: str | None = None) -> list[dict]:
-    """One row per MARché arm, budget by budget: ``label``, ``budget``, ``selection``, ``speedup_flops``,
+    """One row per MARché arm, budget by budget: ``label``, ``budget``, ``selection``, ``against`` (its reference,
+    None for the references themselves), ``speedup_flops``,
     ``vs_full`` (``metric`` against full, ``I``) and ``vs_attention`` (paired per-image difference against
     ``attention@budget``, ``I``; None for the reference)."""
     metric = metric or _metric(results)
@@ -320,6 +321,7 @@ def selection_summary(results: dict, metric: str | None = None) -> list[dict]:
         if e["config"].get("name") != "marche":
             continue
         rows.append({"label": label, "budget": e["config"]["budget"], "selection": e["config"]["selection"],
+                     "against": (e.get("paired") or {}).get("against"),
                      "speedup_flops": _i(e["speedup"]["flops"]), "metric": metric,
                      "vs_full": _i(e["fidelity"].get(metric)),
                      "vs_attention": _i((e.get("paired") or {}).get(metric))})
@@ -336,19 +338,22 @@ def per_image_fidelity(result: CompareResult) -> dict:
 
 
 def worst_images(result: CompareResult, k: int = DEFAULT_WORST, fid: dict | None = None) -> dict:
-    """Per arm (not ``full``), its ``k`` images with the lowest PSNR against ``full`` over all seeds, lowest first:
+    """Per arm (not ``full``), its ``k`` images with the lowest PSNR against ``full`` over all seeds, lowest first
+    (``fid``: :func:`per_image_fidelity` when already computed; else the PSNR alone is computed):
     ``{label: [{"seed", "index", "class_label", "psnr", "image", "full"}, ...]}`` (``image``/``full`` uint8
     [H, W, C]). Empty when the runs have no images."""
+    from .quality.paired import psnr
     k = _check_count("worst", k)
     if result.runs["full"][0].images is None:
         return {}
-    fid = fid or per_image_fidelity(result)
     full = result.runs["full"]
     out = {}
     for label, seeds in result.runs.items():
         if label == "full":
             continue
-        cand = [(float(v), si, i) for si, d in enumerate(fid[label]) for i, v in enumerate(d["psnr"].values)]
+        values = [d["psnr"].values for d in fid[label]] if fid is not None else \
+            [psnr(s.images, f.images) for s, f in zip(seeds, full)]
+        cand = [(float(v), si, i) for si, vs in enumerate(values) for i, v in enumerate(vs)]
         cand.sort(key=lambda c: (c[0], c[1], c[2]))            # ties: the earlier seed and image first
         out[label] = [{"seed": seeds[si].seed, "index": i, "class_label": int(seeds[si].labels[i]), "psnr": v,
                        "image": seeds[si].images[i], "full": full[si].images[i]} for v, si, i in cand[:k]]

@@ -13,6 +13,8 @@ GROUP_NAMES = {1: "one cache", 2: "two caches", 3: "all three"}
 CELL_INCHES = 1.3     # width of one [full, arm] pair in worst.png (height: half of it, plus its two text lines)
 LABEL_INCHES = 1.3    # the arm labels' column of worst.png
 WORST_DPI = 100
+MIN_WIDTH = 3.6       # inches: room for the title with one image per arm
+TITLE_INCHES = 0.55   # the two title lines
 
 
 def _plt():
@@ -69,7 +71,7 @@ def attribution_plot(rows: list[dict], ax=None):
            ylabel=f"{metric} vs full{_unit(metric)}, mean and 95% CI", title="LazyMAR attribution: fidelity per cache")
     ax.grid(axis="y", alpha=0.3)
     if any((r["vs_full"] or {}).get("clipped") for r in rows):
-        ax.figure.text(0.01, 0.005, "* interval clipped to the metric's range", fontsize=7, color="0.3")
+        _footnote(ax.figure, "* interval clipped to the metric's range")
     return ax
 
 
@@ -89,9 +91,10 @@ def selection_plot(rows: list[dict], ax=None):
         pts = [r for r in rows if r["selection"] == rule]
         xs = np.array([budgets.index(r["budget"]) - 0.35 + width * (j + 0.5) for r in pts])
         y, err = _errors([r["vs_attention"] for r in pts])
+        clip = any((r["vs_attention"] or {}).get("clipped") for r in pts)
         ax.errorbar(xs, y, yerr=err, fmt=markers[j % len(markers)], ms=5, lw=1, capsize=3, color=f"C{j + 1}",
-                    label=rule)
-        clipped |= any((r["vs_attention"] or {}).get("clipped") for r in pts)
+                    label=rule + ("*" if clip else ""))
+        clipped |= clip
     ax.axhline(0.0, color="k", lw=0.9, label="attention (reference)")
     ax.set_xticks(range(len(budgets)), [f"budget {b}" for b in budgets])
     ax.set_xlim(-0.6, len(budgets) - 0.4)
@@ -102,13 +105,21 @@ def selection_plot(rows: list[dict], ax=None):
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="selection", title_fontsize=8)
     if clipped:
-        ax.figure.text(0.01, 0.005, "* interval clipped to the range of a difference", fontsize=7, color="0.3")
+        _footnote(ax.figure, "* interval clipped to the range of a difference")
     return ax
+
+
+def _footnote(fig, text: str) -> None:
+    """A footnote under the axes, in a strip the (constrained) layout keeps free for it."""
+    engine = fig.get_layout_engine()
+    if engine is not None and hasattr(engine, "set"):
+        engine.set(rect=(0, 0.05, 1, 0.95))
+    fig.text(0.01, 0.01, text, fontsize=7, color="0.3")
 
 
 def worst_figsize(n_rows: int, k: int) -> tuple[float, float]:
     """Inches (width, height) of :func:`save_worst_images`' figure: ``n_rows`` arms by ``k`` pairs."""
-    return LABEL_INCHES + CELL_INCHES * k, (CELL_INCHES / 2 + 0.45) * n_rows + 0.4
+    return max(LABEL_INCHES + CELL_INCHES * k, MIN_WIDTH), (CELL_INCHES / 2 + 0.35) * n_rows + TITLE_INCHES
 
 
 def save_worst_images(chosen: dict, path) -> Path:
@@ -120,7 +131,8 @@ def save_worst_images(chosen: dict, path) -> Path:
     k = max(len(v) for v in chosen.values())
     fig, axes = plt.subplots(len(chosen), k, figsize=worst_figsize(len(chosen), k), squeeze=False)
     w, h = worst_figsize(len(chosen), k)
-    fig.subplots_adjust(left=LABEL_INCHES / w, right=0.99, top=1 - 0.4 / h, bottom=0.02, hspace=0.7, wspace=0.15)
+    fig.subplots_adjust(left=LABEL_INCHES / w, right=min(0.99, (LABEL_INCHES + CELL_INCHES * k) / w),
+                        top=1 - TITLE_INCHES / h, bottom=0.02, hspace=0.5, wspace=0.15)
     for r, (label, items) in enumerate(chosen.items()):
         for c in range(k):
             ax = axes[r, c]
@@ -137,7 +149,7 @@ def save_worst_images(chosen: dict, path) -> Path:
                 ax.axis("off")
             if c == 0:
                 ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
-    fig.suptitle("worst images per arm: full (left) | arm (right), PSNR vs full", fontsize=8)
+    fig.suptitle("worst images per arm (lowest PSNR vs full)\nleft: full, right: the arm", fontsize=8)
     path = Path(path)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=WORST_DPI, format="png")
