@@ -170,7 +170,8 @@ def lazymar_attribution(model, config: CompareConfig, *, base_options=None, scal
 
     The head steps are the config's (``head_steps``), else the model's. Returns :func:`~mar_probe.compare.compare`'s
     result with ``results["ablation"]``: ``{"kind": "lazymar-attribution", "head_steps", "head_interval",
-    "head_interval_scaled", "metric", "rows": attribution_summary(...), "verdict": [...]}``.
+    "head_interval_scaled", "head_interval_rule", "metric", "reference", "rows": attribution_summary(...),
+    "verdict": [...], "notes": [...]}`` (notes: fewer images or seeds than a claim needs, CFG 1.0).
     """
     _only_full(config, "LazyMAR attribution")
     resolved = config.resolved(model)
@@ -184,14 +185,26 @@ def lazymar_attribution(model, config: CompareConfig, *, base_options=None, scal
     results["ablation"] = {
         "kind": "lazymar-attribution", "head_steps": steps, "head_interval": dict(runs[0].options)["head_interval"],
         "head_interval_scaled": bool(scale_head_interval),
-        "head_interval_rule": f"max(1, round({RELEASED_HEAD_INTERVAL} * head_steps / {RELEASED_HEAD_STEPS}))"
+        "head_interval_rule": f"max(1, floor({RELEASED_HEAD_INTERVAL} * head_steps / {RELEASED_HEAD_STEPS} + 1/2))"
                               if scale_head_interval else "given",
         "metric": _metric(results), "reference": LAZYMAR_LABEL, "rows": rows,
-        "verdict": attribution_verdict(rows, _metric(results))}
+        "verdict": attribution_verdict(rows, _metric(results)), "notes": _notes(config)}
     if resolved.cfg == 1.0:
-        results["ablation"]["note"] = ("cfg 1.0: no unconditional branch, so the condition cache has nothing to "
-                                       "cache (its arms equal those without it); give --cfg > 1")
+        results["ablation"]["notes"].append("cfg 1.0: no unconditional branch, so the condition cache has nothing "
+                                            "to cache (its arms equal those without it); give --cfg > 1")
     return result
+
+
+MIN_IMAGES, MIN_SEEDS = 200, 3   # issue 15: n >= 200 paired images per arm over >= 3 seeds
+
+
+def _notes(config: CompareConfig) -> list[str]:
+    """What a reader should know before trusting the intervals: fewer images or seeds than issue 15 asks."""
+    n, seeds = config.num_samples * len(config.seeds), len(config.seeds)
+    if n >= MIN_IMAGES and seeds >= MIN_SEEDS:
+        return []
+    return [f"{n} paired images per arm over {seeds} seed(s): below the n >= {MIN_IMAGES} over >= {MIN_SEEDS} "
+            "seeds a claim needs (issue 15); read the intervals as a smoke test"]
 
 
 def _metric(results: dict) -> str:
@@ -285,7 +298,7 @@ def marche_selection(model, config: CompareConfig, *, budgets=DEFAULT_BUDGETS, s
     Every arm but the references gets ``paired`` (``{"against": "attention@B", METRIC: I, ...}`` over all images of
     all seeds, :func:`~mar_probe.compare.paired_difference`; plus the Fréchet distance or FID compared seed by seed
     with a quality judge). ``results["ablation"]``: ``{"kind": "marche-selection", "budgets", "selections",
-    "reference": "attention", "metric", "rows": selection_summary(...)}``.
+    "reference": "attention", "metric", "rows": selection_summary(...), "notes"}``.
     """
     _only_full(config, "MARché selection ablation")
     runs = selection_runs(budgets, selections, base_options)
@@ -306,7 +319,7 @@ def marche_selection(model, config: CompareConfig, *, budgets=DEFAULT_BUDGETS, s
     rules = list(dict.fromkeys(dict(r.options)["selection"] for r in runs))
     results["ablation"] = {"kind": "marche-selection", "budgets": budgets, "selections": rules,
                            "reference": REFERENCE_SELECTION, "metric": _metric(results),
-                           "rows": selection_summary(results)}
+                           "rows": selection_summary(results), "notes": _notes(config)}
     return result
 
 
@@ -426,8 +439,7 @@ def format_summary(results: dict) -> str:
         from .compare import CLIPPED_NOTE
         lines += ["", CLIPPED_NOTE]
     lines += [f"* {v}" for v in ab.get("verdict", [])]
-    if ab.get("note"):
-        lines.append(f"note: {ab['note']}")
+    lines += [f"note: {n}" for n in ab.get("notes", [])]
     return "\n".join(lines)
 
 

@@ -173,6 +173,8 @@ def test_ablate_lazymar_runs_every_arm_with_the_scaled_head_interval(lazymar_run
         assert s[label]["fidelity"]["token_mse"]["mean"] > 0                     # every cache changes something
         assert s[label]["speedup"]["flops"]["mean"] > 1
     assert data["command"].startswith("mar-probe ablate lazymar")
+    assert ab["notes"] == ["6 paired images per arm over 2 seed(s): below the n >= 200 over >= 3 seeds a claim "
+                           "needs (issue 15); read the intervals as a smoke test"]
 
 
 def test_ablate_lazymar_paired_differences_match_the_saved_samples(lazymar_run):
