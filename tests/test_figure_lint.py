@@ -329,3 +329,20 @@ def test_widget_figures_pass(store, compared, tmp_path):
     _, result = compared["budget"]
     cmp = compare_strategies(write_results(result, tmp_path / "cmp"))
     _lint(cmp.fig, "compare_widget")
+
+
+def test_mar_probe_figures_warns_on_a_defect_and_writes_the_figure(store, tmp_path, monkeypatch):
+    import pandas as pd
+
+    from mar_probe.plot import report
+    from mar_probe.plot.lint import FigureLintWarning
+
+    def bad(data):
+        _, ax = plt.subplots(layout="constrained")
+        ax.plot(data["x"], data["x"])
+        return ax
+
+    monkeypatch.setitem(report.FIGURES, "bad", report.FigureSpec(lambda ds: pd.DataFrame({"x": [0, 1]}), bad, "bad"))
+    with pytest.warns(FigureLintWarning, match="figure bad: unlabelled"):
+        written, _ = report.write_figures(store, tmp_path, only=["bad"])
+    assert written["bad"][0].stat().st_size > 0

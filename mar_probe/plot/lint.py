@@ -61,6 +61,10 @@ class FigureLintError(AssertionError):
         super().__init__(f"{name} has {len(self.problems)} problem(s):\n" + "\n".join(f"  {p}" for p in self.problems))
 
 
+class FigureLintWarning(UserWarning):
+    """A defect of a figure written anyway (``mar-probe figures`` warns instead of failing)."""
+
+
 def declare_range(ax, lo=None, hi=None):
     """Declare the range of the quantity on ``ax``'s y axis (None: unbounded): its bands must stay inside."""
     setattr(ax, _RANGE_ATTR, (-np.inf if lo is None else float(lo), np.inf if hi is None else float(hi)))
@@ -249,7 +253,7 @@ def _colorbars(fig) -> list:
 
 def _image_exempt(ax, colorbars) -> bool:
     """Image-only axes explained by a labelled colour bar of the same map and limits, or marked exempt."""
-    if not ax.images or ax.get_lines() or ax.collections or ax.patches[1:]:
+    if not ax.images or ax.get_lines() or ax.collections or ax.patches:
         return False
     if getattr(ax, _EXEMPT_ATTR, None):
         return True

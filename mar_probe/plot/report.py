@@ -83,6 +83,14 @@ def _check_formats(formats) -> list[str]:
     return formats
 
 
+def _warn_defects(fig_name: str, fig) -> None:
+    """A warning per defect :func:`mar_probe.plot.lint.lint_figure` finds (the figure is written all the same)."""
+    import warnings
+    from .lint import FigureLintWarning, lint_figure
+    for problem in lint_figure(fig):
+        warnings.warn(f"figure {fig_name}: {problem}", FigureLintWarning, stacklevel=2)
+
+
 def _save(fig_name: str, spec: FigureSpec, ds, out: Path, formats) -> list[Path]:
     import matplotlib.pyplot as plt
     data = spec.data(ds)
@@ -91,6 +99,7 @@ def _save(fig_name: str, spec: FigureSpec, ds, out: Path, formats) -> list[Path]
     drawn = spec.plot(data)
     first = drawn[0][0] if hasattr(drawn, "shape") or isinstance(drawn, list) else drawn
     fig = first.figure
+    _warn_defects(fig_name, fig)
     paths = [out / f"{fig_name}.{fmt}" for fmt in formats]
     for p in paths:
         fig.savefig(p, dpi=120)
