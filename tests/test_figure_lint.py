@@ -224,6 +224,21 @@ def test_report_figures_pass(store, name):
     _lint(_figure(spec.plot(spec.data(store))), name)
 
 
+def test_marche_fig12_has_the_chance_line_k_over_n(store):
+    """Chance = K / N, N the tokens ranked at that step (not generating, with attention), mean over samples."""
+    from mar_probe.plot import figures as F
+    data = F.marche_fig12_data(store)
+    k = int(data["k"].iloc[0])
+    attn = store["attn_gen"].sel(branch="cond", layer=1).values                     # [sample, step, token]
+    pred = store["pred"].values
+    n = (np.isfinite(attn) & ~pred).sum(-1).mean(0)                                 # per step
+    chance = data.drop_duplicates("step").sort_values("step")
+    np.testing.assert_allclose(chance["chance"], np.minimum(1, k / n))
+    ax = F.marche_fig12(data)
+    line = next(ln for ln in ax.get_lines() if ln.get_label() == "chance (K/N)")
+    np.testing.assert_allclose(line.get_ydata(), np.minimum(1, k / n))
+
+
 @pytest.fixture(scope="module")
 def compared(tiny):
     """A sweep of MARché's budget (speed varies) and one of its selection (speed constant), with a grid."""
