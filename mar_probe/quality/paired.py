@@ -160,6 +160,26 @@ def _shown(values) -> str:
     return repr(values) if a.size <= 8 else f"an array of shape {a.shape!r}"
 
 
+def _check_interval_args(statistic, method, level, bounds, n_boot) -> str:
+    """Refuse bad arguments of :func:`interval`, naming them; the method (its default resolved)."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"unknown statistic {statistic!r}; expected one of {STATISTICS!r}")
+    method = ("t" if statistic == "mean" else "bootstrap") if method is None else method
+    if method not in METHODS:
+        raise ValueError(f"unknown interval method {method!r}; expected one of {METHODS!r}")
+    if method == "t" and statistic != "mean":
+        raise ValueError(f"the t-interval is for the mean, got statistic {statistic!r} with method 't'; use "
+                         "method='bootstrap'")
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.integer, np.floating)) \
+            or not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
+    if bounds is not None and (len(bounds) != 2 or not bounds[0] <= bounds[1]):
+        raise ValueError(f"bounds must be (low, high) with low <= high, got {bounds!r}")
+    return method
+
+
 def interval(values, *, statistic: str = "mean", method: str | None = None, level: float = 0.95,
              bounds: tuple[float, float] | None = None, higher_is_better: bool = True, n_boot: int = 2000,
              seed: int = 0) -> Interval:
@@ -192,22 +212,7 @@ def interval(values, *, statistic: str = "mean", method: str | None = None, leve
         With ``low = high = None`` for a single value: one unit gives no interval. The bootstrap interval of
         ``worst`` can never pass the sample's worst: read it as a lower bound on how bad the tail is.
     """
-    if statistic not in STATISTICS:
-        raise ValueError(f"unknown statistic {statistic!r}; expected one of {STATISTICS!r}")
-    method = ("t" if statistic == "mean" else "bootstrap") if method is None else method
-    if method not in METHODS:
-        raise ValueError(f"unknown interval method {method!r}; expected one of {METHODS!r}")
-    if method == "t" and statistic != "mean":
-        raise ValueError(f"the t-interval is for the mean, got statistic {statistic!r} with method 't'; use "
-                         "method='bootstrap'")
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.integer, np.floating)) \
-            or not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
-        raise ValueError(f"n_boot must be a positive integer, got {n_boot!r}")
-    if bounds is not None:
-        if len(bounds) != 2 or not bounds[0] <= bounds[1]:
-            raise ValueError(f"bounds must be (low, high) with low <= high, got {bounds!r}")
+    method = _check_interval_args(statistic, method, level, bounds, n_boot)
     raw = values.values if isinstance(values, xr.DataArray) else values
     x = np.asarray(raw, dtype=np.float64)
     if x.ndim != 1:
