@@ -1,0 +1,591 @@
+"""The zoo benchmark (issue 17, item 4): every strategy and the best compositions in one run, speed and fidelity.
+
+Arms: every registered strategy with its defaults (``mar_probe.strategies.available()``, read when the script runs),
+the fair reference ``full-b`` (``full`` with only the head's batched modulation: ``lazymar token_cache=false
+condition_cache=false refresh_interval=1 head_interval=1 head_batch_modulation=true``, as bench_strategies' batched
+run defines it, see docs/strategies.md), ``lazymar-b`` (``lazymar head_batch_modulation=true``, the fastest run of
+``strategies_vm_batched``), the compositions ``compose-bw-h5`` (docs/judging.md) and the candidates that
+``bench_compose.py`` named (read from ``--rank``, default ``benchmarks/results/compose_rank.json``: ``rank.best``, and
+``rank.best_paired_only`` when it is another one), and any ``--strategies LABEL=NAME`` / ``--strategy-opt`` extras.
+
+1. **Speed on ``mar_base``** (random weights, batch 1, 64 steps, CFG 3.0, 100 head steps; bench_strategies'
+   ``run_rounds``, ``summarise`` and ``ratios``): every arm once per round, interleaved in one process (odd rounds
+   reversed); per part (end to end, transformer, encoder, decoder, head) the time ratio of each round, ``full``'s
+   seconds of that round over the arm's, and the FLOP ratio. Over ``full-b`` every ratio is the ratio over
+   ``full`` divided by ``full-b``'s ratio over ``full`` (the same round for times), so both columns come from the
+   same runs. The headline is the median of the per-round ratios (absolute seconds here are noisy; a ratio within a
+   round is not).
+2. **Fidelity on the embedded default** (:func:`mar_probe.compare.compare` with the same arms, ``--num-samples``
+   images x ``--seeds``, ``--fidelity-iter`` steps, the model's CFG and temperature): per-image PSNR, SSIM and
+   token MSE against ``full``, their per-image differences against ``lazymar`` (``paired_against``), and the
+   Fréchet distance compared seed by seed against ``full`` and against ``lazymar`` (``quality_vs_full``,
+   ``paired``), with 95% t-intervals, clipped and flagged as compare does.
+3. **The goal** of issue 17, from these numbers (:func:`goal_verdict`): an arm meets it when its median end-to-end
+   time ratio over ``full`` is >= 5 and over ``full-b`` >= 3 on ``mar_base`` and the lower end of the 95% interval
+   of its per-image PSNR difference against ``lazymar`` is >= 0 (fidelity at least lazymar's; ``fidelity_not_worse``
+   records the weaker reading, the upper end >= 0, beside it).
+
+Results: ``benchmarks/results/zoo.{json,md,png}`` (``zoo_quick.*`` with ``--quick``) with the machine, the load
+average before and after, the command and the SHA-256 of both models' weights. The figure: x the end-to-end speed-up
+over ``full`` (filled) and over ``full-b`` (hollow, same arm on the same row), y the paired PSNR against ``full`` with
+its interval; lazymar's interval as a band and the goal's speed-ups as lines.
+
+Commands (the full-size run is hours on a CPU; it has not been run yet):
+
+    # a GPU machine: both parts on the GPU (CUDA-synchronised component times)
+    python benchmarks/bench_zoo.py --device cuda
+    # this 2-core CPU: compare's finished (arm, seed) runs kept, so that a stopped run resumes (add --resume)
+    python benchmarks/bench_zoo.py --threads 2 --partial runs/zoo_partial
+    # smoke run (the test's): perturbed mar_tiny for both parts, 2 images x seeds 0,1, 4 steps, 1 round (~6 s)
+    OMP_NUM_THREADS=1 python benchmarks/bench_zoo.py --quick --threads 1 --out /tmp/zoo
+
+Wall time, estimated (not measured). The run is ``arms x rounds`` sampling runs on ``mar_base`` plus ``arms x
+seeds`` compare runs of 70 images on the embedded default, 15 arms by default; ``--quick`` makes the same runs on
+tiny models (15 x 1 + 15 x 2, ~6 s here), so its time says nothing about the real one, which is scaled from the
+committed timings on this CPU instead:
+
+* speed, one round (seconds per arm, batch 1, 64 steps, from ``strategies_vm.json`` and ``strategies_vm_batched.json``):
+  ``full`` 224-244, ``full-b`` 133, ``lazymar`` 90, ``lazymar-b`` 51, ``compose-bw-h5`` 61, ``marche+cc/h7b`` (=
+  ``compose-b``) 56, ``marche`` 202, ``fewer-steps`` 108, ``compose`` 96; never timed on ``mar_base``, scaled from
+  ``full``'s split (transformer 81 s, head 163 s at 100 head steps): ``disa`` ~125 (the head at ~27 of 100 reverse
+  steps on average), the DiSA candidate ~80, ``recap`` ~160, the MARché variants ~200-250. About 2,100 s, so 2
+  rounds ~70 min.
+* fidelity, one seed of 70 images at 64 steps (``compare_fashion_70x3``: ``full`` 176-203 s, ``lazymar`` 72-85,
+  ``marche`` 145-157, ``fewer-steps`` 99, ``compose-b`` 86-93, the oracle 156; the rest scaled as above): about
+  1,750 s per seed, so 3 seeds ~90 min.
+* in all ~2.7 h on the idle machine, 2.5-3.5 h with load. On a GPU the same runs are seconds each: minutes in all
+  (not measured: no GPU was available when this was written).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import bench_strategies as BS
+from common import RESULTS, bench_parser, machine
+from mar_probe import create_model, load_model, sample, strategies
+from mar_probe.compare import CompareConfig, StrategyRun, compare, parse_runs
+from mar_probe.models.checkpoints import resolve_device
+from mar_probe.probe.record import weights_sha256
+from mar_probe.quality.paired import PSNR_IDENTICAL
+from mar_probe.strategies import Timer
+
+PARTS = ("end_to_end", "transformer", "encoder", "decoder", "head")
+REFERENCE, AGAINST = "full-b", "lazymar"
+GOAL = {"over_full": 5.0, "over_full_b": 3.0, "against": AGAINST}
+# the references and compositions beside the registry, as bench_strategies' command line takes them
+FIXED_ARMS = "full-b=lazymar,lazymar-b=lazymar,compose-bw-h5=compose"
+FIXED_OPTS = ("full-b.token_cache=false", "full-b.condition_cache=false", "full-b.refresh_interval=1",
+              "full-b.head_interval=1", "full-b.head_batch_modulation=true",
+              "lazymar-b.head_batch_modulation=true",
+              "compose-bw-h5.head_batch_modulation=true", "compose-bw-h5.condition_warmup=5",
+              "compose-bw-h5.head_interval=5")
+RANK_FILE = RESULTS / "compose_rank.json"
+ROLES = ("registry", "reference", "variant", "composition", "extra")
+
+
+# ---- arms ------------------------------------------------------------------------------------------------------
+def ranked_compositions(path) -> list[StrategyRun]:
+    """The compositions bench_compose named in ``path`` (``rank.best``, then ``rank.best_paired_only`` when it
+    differs), as ``compose`` runs labelled with bench_compose's names."""
+    rank = json.loads(Path(path).read_text())["rank"]
+    by_label = {r["composition"]: r["options"] for r in rank["ranking"]}
+    names = [n for n in (rank.get("best"), rank.get("best_paired_only")) if n]
+    return [StrategyRun(label=n, name="compose", options=tuple(by_label[n].items()))
+            for n in dict.fromkeys(names)]
+
+
+def zoo_arms(rank_path=RANK_FILE, extra: str = "", extra_opts=()) -> tuple[tuple[StrategyRun, ...], dict]:
+    """Every arm (``full`` first, then the registry, the references, the compositions, the extras) and each arm's
+    role by label."""
+    registry = [StrategyRun(label=n, name=n) for n in strategies.available()]
+    fixed = list(parse_runs(FIXED_ARMS, FIXED_OPTS))
+    ranked = ranked_compositions(rank_path) if rank_path else []
+    extras = list(parse_runs(extra, extra_opts)) if extra else []
+    roles: dict = {}
+    arms: list = []
+    for run, role in ([(r, "registry") for r in registry] + [(fixed[0], "reference"), (fixed[1], "variant")]
+                      + [(r, "composition") for r in fixed[2:] + ranked] + [(r, "extra") for r in extras]):
+        if run.label in roles:
+            raise ValueError(f"arm label {run.label!r} given twice (registry, references, compositions or "
+                             f"--strategies); expected unique labels")
+        roles[run.label] = role
+        arms.append(run)
+    arms.sort(key=lambda r: r.label != "full")                           # full first (the reference of both parts)
+    return tuple(arms), roles
+
+
+# ---- speed -----------------------------------------------------------------------------------------------------
+def _spread(values: list) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "per_round": values}
+
+
+def speed_table(results: dict) -> dict:
+    """bench_strategies' summaries (after ``ratios``) -> per arm and part the time ratio of every round over
+    ``full`` and over ``full-b`` (= over full / full-b's over full, round by round) with median, min and max, and
+    the FLOP ratios over both."""
+    fb = results[REFERENCE]
+    out = {}
+    for label, row in results.items():
+        over_full = {p: row["speedup_per_round"][p] for p in PARTS}
+        over_fb = {p: [r / b for r, b in zip(over_full[p], fb["speedup_per_round"][p])] for p in PARTS}
+        out[label] = {
+            "steps": row["steps"], "seconds_per_round": {p: row["seconds_per_round"][p] for p in PARTS},
+            "flops": {p: row["flops"][p] for p in PARTS},
+            "over_full": {p: _spread(v) for p, v in over_full.items()},
+            "over_full_b": {p: _spread(v) for p, v in over_fb.items()},
+            "flop_ratio_over_full": {p: row["flop_ratio"][p] for p in PARTS},
+            "flop_ratio_over_full_b": {p: row["flop_ratio"][p] / fb["flop_ratio"][p] for p in PARTS}}
+    return out
+
+
+def measure_speed(arms, args, device) -> dict:
+    """bench_strategies' rounds over every arm on ``args.preset`` (random weights; ``--quick``: a perturbed
+    mar_tiny) and the ratios of :func:`speed_table`."""
+    model = speed_model(args).to(device).eval()
+    sample(model, [0], num_iter=2, cfg=args.cfg, seed=0)                # warm-up (allocator, kernels)
+    started = time.time()
+    runs = BS.run_rounds(model, arms, args)
+    results = {label: BS.summarise(r) for label, r in runs.items()}
+    BS.ratios(results)
+    return {"model": model.config.name, "weights_sha256": weights_sha256(model), "table": speed_table(results),
+            "seconds": time.time() - started}
+
+
+def perturbed_tiny(seed: int = 1, scale: float = 0.05, **overrides):
+    """mar_tiny with seeded noise on every parameter (as tests/conftest.py's ``perturbed_tiny``): a fresh model's
+    zero-initialised head would make every strategy's tokens constant."""
+    torch.manual_seed(0)
+    model = create_model("mar_tiny", **overrides).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+QUICK_TINY = dict(encoder_depth=4, decoder_depth=5, diffloss_d=5)       # deep enough for every cache
+
+
+def speed_model(args):
+    if args.quick:
+        return perturbed_tiny(num_sampling_steps=args.num_sampling_steps, **QUICK_TINY)
+    torch.manual_seed(0)
+    return create_model(args.preset, num_sampling_steps=args.num_sampling_steps)
+
+
+def fidelity_model(args, device):
+    """The embedded default, or with ``--quick`` a perturbed mar_tiny at 28x28 (the Fréchet judge's size)."""
+    if args.quick:
+        return perturbed_tiny(num_sampling_steps=args.num_sampling_steps, img_size=28, crop_size=28,
+                              **QUICK_TINY).to(device)
+    return load_model(device=device)
+
+
+# ---- fidelity --------------------------------------------------------------------------------------------------
+def measure_fidelity(arms, args, device, command: str) -> dict:
+    """:func:`mar_probe.compare.compare` over every arm, paired against full and against lazymar."""
+    model = fidelity_model(args, device).eval()
+    config = CompareConfig(runs=arms, num_samples=args.num_samples, seeds=tuple(args.seeds),
+                           num_iter=args.fidelity_iter, batch_size=min(args.num_samples, args.fidelity_batch),
+                           grid_images=0, paired_against=AGAINST)
+    started = time.time()
+    result = compare(model, config, progress=args.progress, partial=args.partial, resume=args.resume,
+                     command=command)
+    return {"results": result.results, "seconds": time.time() - started}
+
+
+def measure_noise_free(arms, args, device) -> dict:
+    """Optional (``--noise-free``): bench_compose's noise-free protocol over every arm (temperature 0, the head's
+    initial noise from a generator of its own, so that arms with a head-step schedule are judged on their
+    approximation, not on new samples): PSNR and token MSE against full, and image by image against lazymar."""
+    from bench_compose import _row, noise_free
+    from mar_probe.quality.paired import paired_fidelity
+    model = fidelity_model(args, device).eval()
+    labels = CompareConfig(runs=arms, num_samples=args.num_samples).label_array(model.num_classes)
+    started = time.time()
+    runs = {r.label: [noise_free(model, r.create(), labels, seed, args.fidelity_iter) for seed in args.seeds]
+            for r in arms}
+    fid = {label: [paired_fidelity(t, f[0], i, f[1]) for (t, i), f in zip(per_seed, runs["full"])]
+           for label, per_seed in runs.items()}
+    rows = {label: _row(f, None if label in ("full", AGAINST) else fid[AGAINST]) for label, f in fid.items()}
+    return {"rows": rows, "seconds": time.time() - started}
+
+
+_KEEP = ("mean", "lo", "hi", "n", "clipped")
+
+
+def _pick(d: dict | None) -> dict | None:
+    return None if d is None else {k: d.get(k) for k in _KEEP}
+
+
+def fidelity_row(label: str, entry: dict, free: dict | None = None) -> dict:
+    """One arm's fidelity from compare's entry: against full per image (PSNR, SSIM, token MSE), the per-image
+    PSNR and token-MSE differences against lazymar (exactly 0 for lazymar itself), the Fréchet distance and its
+    seed-by-seed differences against full and against lazymar."""
+    fid, quality = entry["fidelity"], entry.get("quality", {})
+    paired = entry.get("paired")
+    if label == AGAINST:                                    # the reference itself: every difference is 0
+        zero = {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": fid["psnr"]["n"], "clipped": False}
+        paired = {"psnr": zero, "token_mse": zero, "frechet_distance": zero if "frechet_distance" in quality
+                  else None}
+    paired = paired or {}
+    return {"psnr": _pick(fid.get("psnr")), "ssim": _pick(fid.get("ssim")), "token_mse": _pick(fid.get("token_mse")),
+            "psnr_vs_lazymar": _pick(paired.get("psnr")), "token_mse_vs_lazymar": _pick(paired.get("token_mse")),
+            "frechet_distance": _pick(quality.get("frechet_distance")),
+            "frechet_vs_full": _pick(entry.get("quality_vs_full", {}).get("frechet_distance")),
+            "frechet_vs_lazymar": _pick(paired.get("frechet_distance")),
+            "speedup_flops_embedded": _pick(entry["speedup"]["flops"]),
+            "noise_free": None if free is None else {
+                "psnr": free["psnr"], "psnr_vs_lazymar": free.get("vs_lazymar", {}).get("psnr", (
+                    {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": free["psnr"]["n"]} if label == AGAINST else None))}}
+
+
+# ---- the goal --------------------------------------------------------------------------------------------------
+def goal_verdict(over_full: float | None, over_full_b: float | None, psnr_vs_lazymar: dict | None,
+                 goal: dict = GOAL) -> dict:
+    """Issue 17's goal for one arm: ``over_full >= goal['over_full']`` and ``over_full_b >= goal['over_full_b']``
+    (end-to-end time ratios on mar_base) and the per-image PSNR difference against lazymar at least 0 at the lower
+    end of its 95% interval (no interval: not shown, so not met). ``fidelity_not_worse`` (upper end >= 0) is the
+    weaker reading, reported beside it, not part of ``meets``."""
+    lo = None if psnr_vs_lazymar is None else psnr_vs_lazymar.get("lo")
+    hi = None if psnr_vs_lazymar is None else psnr_vs_lazymar.get("hi")
+    checks = {"over_full": over_full is not None and over_full >= goal["over_full"],
+              "over_full_b": over_full_b is not None and over_full_b >= goal["over_full_b"],
+              "fidelity": lo is not None and lo >= 0}
+    return {"meets": all(checks.values()), "checks": checks, "fidelity_not_worse": hi is not None and hi >= 0,
+            "values": {"over_full": over_full, "over_full_b": over_full_b, "psnr_vs_lazymar_lo": lo,
+                       "psnr_vs_lazymar_hi": hi}}
+
+
+def combine(arms, roles: dict, speed: dict, fidelity: dict) -> dict:
+    """One row per arm: its strategy and options, speed, fidelity and the goal verdict (on the paired protocol)."""
+    table, entries = speed["table"], fidelity["results"]["strategies"]
+    free = (fidelity.get("noise_free") or {}).get("rows", {})
+    rows = {}
+    for run in arms:
+        sp, fi = table[run.label], fidelity_row(run.label, entries[run.label], free.get(run.label))
+        rows[run.label] = {"strategy": run.name, "options": dict(run.options), "role": roles[run.label],
+                           "head_schedule": run.name == "disa" or dict(run.options).get("head_schedule") is not None,
+                           "speed": sp, "fidelity": fi,
+                           "goal": goal_verdict(sp["over_full"]["end_to_end"]["median"],
+                                                sp["over_full_b"]["end_to_end"]["median"], fi["psnr_vs_lazymar"])}
+    return rows
+
+
+# ---- output ----------------------------------------------------------------------------------------------------
+def _x(v, fmt="{:.2f}x") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _iv(d: dict | None, fmt: str = "{:.2f}") -> str:
+    if d is None or d.get("mean") is None:
+        return "-"
+    star = "*" if d.get("clipped") else ""
+    if d.get("lo") is None:
+        return f"{fmt.format(d['mean'])} (n={d.get('n')})"
+    return f"{fmt.format(d['mean'])} [{fmt.format(d['lo'])}, {fmt.format(d['hi'])}]{star}"
+
+
+def _opts(row: dict) -> str:
+    o = row["options"]
+    return row["strategy"] + ("" if not o else " " + " ".join(f"{k}={v}" for k, v in o.items()))
+
+
+def markdown(payload: dict) -> str:
+    s, m, rows = payload["settings"], payload["machine"], payload["arms"]
+    lo, hi = payload["load"]["before"], payload["load"]["after"]
+    fs = payload["fidelity"]["results"]["settings"]
+    sha = payload["weights_sha256"]
+
+    def load(d):
+        return "/".join("-" if d[k] is None else f"{d[k]:.2f}" for k in ("1min", "5min", "15min"))
+
+    meets = [k for k, r in rows.items() if r["goal"]["meets"]]
+    free = any(r["fidelity"].get("noise_free") for r in rows.values())
+    lines = [
+        f"# The zoo benchmark (issue 17, item 4){' — quick smoke run, not a result' if s['quick'] else ''}", "",
+        f"Command: `{payload['command']}`", "",
+        f"Machine: {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads, device {s['device']}), "
+        f"{m['date']}; load average before {load(lo)}, after {load(hi)} (1/5/15 min); wall time "
+        f"{payload['seconds']:.0f} s.", "",
+        f"Speed: `{payload['speed']['model']}` (random weights{', perturbed' if s['quick'] else ''}, SHA-256 "
+        f"`{sha['speed']}`), batch {s['batch']}, "
+        f"{s['num_iter']} steps, CFG {s['cfg']}, {s['num_sampling_steps']} head steps, {s['rounds']} round(s), "
+        f"arms interleaved (odd rounds reversed), {s['clock']} clock. Time ratios: the median over rounds of "
+        f"`full`'s (or `full-b`'s) seconds in the same round over the arm's, [min, max] over rounds.", "",
+        f"Fidelity: `{payload['fidelity']['results']['model']}` (SHA-256 `{sha['fidelity']}`), {fs['num_samples']} "
+        f"images x seeds {fs['seeds']}, {fs['num_iter']} steps, CFG {fs['cfg']} ({fs['cfg_schedule']}), temperature "
+        f"{fs['temperature']}; PSNR against `full` image by image, its difference to `lazymar`'s image by image, "
+        f"Fréchet distance minus `full`'s seed by seed; 95% t-intervals (`*`: clipped to the metric's range).", "",
+        "| arm | end to end over `full` | over `full-b` | FLOPs over `full` | over `full-b` | transformer | head "
+        "| PSNR vs `full` dB | PSNR - `lazymar` dB | FD - `full` |" + (" noise-free PSNR - `lazymar` dB |" if free
+                                                                    else "") + " goal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if free else "") + ":---:|"]
+    for label, r in rows.items():
+        sp, fi = r["speed"], r["fidelity"]
+        e2e, e2eb = sp["over_full"]["end_to_end"], sp["over_full_b"]["end_to_end"]
+        nf = f" {_iv((fi.get('noise_free') or {}).get('psnr_vs_lazymar'))} |" if free else ""
+        lines.append(
+            f"| `{label}` | {e2e['median']:.2f}x [{e2e['min']:.2f}, {e2e['max']:.2f}] | "
+            f"{e2eb['median']:.2f}x [{e2eb['min']:.2f}, {e2eb['max']:.2f}] | "
+            f"{_x(sp['flop_ratio_over_full']['end_to_end'])} | {_x(sp['flop_ratio_over_full_b']['end_to_end'])} | "
+            f"{sp['over_full']['transformer']['median']:.2f}x | {sp['over_full']['head']['median']:.2f}x | "
+            f"{_iv(fi['psnr'], '{:.1f}')} | {_iv(fi['psnr_vs_lazymar'])} | {_iv(fi['frechet_vs_full'], '{:.1f}')} |"
+            f"{nf} {'**yes**' if r['goal']['meets'] else 'no'} |")
+    lines += ["", f"Goal (issue 17): end to end >= {GOAL['over_full']:g}x over `full` and >= {GOAL['over_full_b']:g}x "
+              f"over `full-b` on `{payload['speed']['model']}` (median over rounds), and the lower end of the "
+              f"PSNR-difference interval against `{AGAINST}` >= 0. Arms that meet it: "
+              + (", ".join(f"`{k}`" for k in meets) if meets else "none") + "."]
+    near = [k for k, r in rows.items() if not r["goal"]["meets"] and r["goal"]["checks"]["over_full"]
+            and r["goal"]["checks"]["over_full_b"]]
+    if near:
+        lines.append("Fast enough but not shown at lazymar's fidelity: " + ", ".join(f"`{k}`" for k in near) + ".")
+    sched = [k for k, r in rows.items() if r.get("head_schedule")]
+    if sched:
+        lines.append("Arms with a head-step schedule (" + ", ".join(f"`{k}`" for k in sched) + "): the engine draws "
+                     "the head's noise from one stream, so their paired images are new samples and the paired "
+                     "protocol judges them below lazymar by construction (docs/strategies.md, \"Ranking the "
+                     "compositions\")" + ("; the noise-free column judges the approximation alone." if free else
+                                          "; `--noise-free` adds bench_compose's noise-free protocol."))
+    lines += ["", "Per part (median time ratio over `full` / over `full-b`; FLOP ratio over `full`):", "",
+              "| arm | " + " | ".join(PARTS) + " |", "|---|" + "---:|" * len(PARTS)]
+    for label, r in rows.items():
+        sp = r["speed"]
+        lines.append(f"| `{label}` | " + " | ".join(
+            f"{sp['over_full'][p]['median']:.2f}x / {sp['over_full_b'][p]['median']:.2f}x "
+            f"({_x(sp['flop_ratio_over_full'][p])})" for p in PARTS) + " |")
+    lines += ["", "Arms: " + "; ".join(f"`{k}` = {_opts(r)} ({r['role']})" for k, r in rows.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def place_labels(fig, texts) -> None:
+    """Move labels (annotations in offset points) so that none overlaps another, deterministically: from the
+    highest point down, each label keeps its place unless it overlaps one already placed, and then goes just below
+    the lowest such one (or adjustText's ``adjust_text`` when it is installed)."""
+    try:
+        from adjustText import adjust_text
+    except ImportError:
+        adjust_text = None
+    if adjust_text is not None and texts:
+        adjust_text(texts, ax=texts[0].axes)
+        return
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: (-boxes[i].y1, boxes[i].x0, i))
+    placed: list = []
+    scale, gap = 72.0 / fig.dpi, 1.5                                    # pixels -> points; pixels between labels
+    frame = texts[0].axes.bbox if texts else None
+
+    def hits(box):
+        return [b for b in placed if box.x0 < b.x1 + gap and b.x0 < box.x1 + gap
+                and box.y0 < b.y1 + gap and b.y0 < box.y1 + gap]
+
+    def stack(box, down: bool):
+        while hit := hits(box):                                         # past the farthest label it meets
+            box = box.translated(0, (min(b.y0 for b in hit) - gap - box.y1) if down
+                                 else (max(b.y1 for b in hit) + gap - box.y0))
+        return box
+
+    for i in order:
+        box = boxes[i]
+        if box.y1 > frame.y1 - gap:                                     # inside the axes, top first
+            box = box.translated(0, frame.y1 - gap - box.y1)
+        if box.y0 < frame.y0 + gap:
+            box = box.translated(0, frame.y0 + gap - box.y0)
+        first = stack(box, down=True)
+        box = first if first.y0 >= frame.y0 + gap else stack(box, down=False)
+        if box.y0 != boxes[i].y0:
+            dx, dy = texts[i].xyann
+            texts[i].xyann = (dx, dy + (box.y0 - boxes[i].y0) * scale)
+        placed.append(box)
+
+
+def draw(payload: dict):
+    """Speed-up over full (filled) and over full-b (hollow) against paired PSNR vs full; returns the Figure."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    rows = {k: r for k, r in payload["arms"].items() if k != "full"}
+    colours = dict(zip(ROLES, ("tab:blue", "tab:gray", "tab:purple", "tab:red", "tab:green")))
+    fig, ax = plt.subplots(figsize=(11, 6.5), layout="constrained")
+    ys = {k: r["fidelity"]["psnr"] for k, r in rows.items() if r["fidelity"]["psnr"] is not None}
+    finite = [v for d in ys.values() for v in (d["mean"], d["lo"], d["hi"]) if v is not None and v < PSNR_IDENTICAL]
+    top = (max(finite) if finite else 40.0) + 3.0
+    bottom = max(0.0, (min(finite) if finite else 0.0) - 3.0)
+    lz = payload["arms"].get(AGAINST, {}).get("fidelity", {}).get("psnr")
+    if lz and lz.get("lo") is not None:
+        ax.axhspan(lz["lo"], lz["hi"], color="tab:orange", alpha=0.15, lw=0)
+    ax.axvline(1.0, color="0.4", lw=0.8)
+    ax.axvline(GOAL["over_full"], color="k", ls="--", lw=0.9)
+    ax.axvline(GOAL["over_full_b"], color="k", ls=":", lw=0.9)
+    texts, xmax = [], GOAL["over_full"]
+    for label, r in rows.items():
+        if label not in ys:
+            continue
+        d, sp = ys[label], r["speed"]
+        capped = d["mean"] >= PSNR_IDENTICAL
+        y = top - 1.0 if capped else d["mean"]
+        yerr = None if capped or d["lo"] is None else [[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]]
+        e, eb = sp["over_full"]["end_to_end"], sp["over_full_b"]["end_to_end"]
+        c = colours[r["role"]]
+        ax.plot([e["median"], eb["median"]], [y, y], color=c, lw=0.6, alpha=0.6)
+        ax.errorbar([e["median"]], [y], yerr=yerr, xerr=[[e["median"] - e["min"]], [e["max"] - e["median"]]],
+                    fmt="^" if capped else "o", color=c, ms=6, capsize=2, lw=1)
+        ax.plot([eb["median"]], [y], marker="^" if capped else "o", mfc="white", mec=c, ls="none", ms=6)
+        xmax = max(xmax, e["max"], eb["median"])
+        texts.append((label + (" (= full)" if capped else ""), e["median"], y, c))
+    right = xmax * 1.25 + 0.3
+    ax.set_xlim(0, right)
+    labels = []
+    for text, x, y, c in texts:                                         # labels left of the points on the right
+        left = x > 0.6 * right
+        ann = ax.annotate(text, (x, y), xytext=(-6 if left else 6, 3), textcoords="offset points", fontsize=7.5,
+                          color=c, ha="right" if left else "left", va="bottom",
+                          bbox=dict(boxstyle="square,pad=0.05", fc="white", ec="none", alpha=0.75))
+        ann.set_in_layout(False)
+        labels.append(ann)
+    ax.set_ylim(bottom, top)
+    ax.set_xlabel(f"end-to-end speed-up on {payload['speed']['model']} (x, time ratio, median over rounds; "
+                  f"bars: min-max over rounds)")
+    ax.set_ylabel("paired PSNR against full (dB; bars: 95% interval)")
+    s, fs = payload["settings"], payload["fidelity"]["results"]["settings"]
+    ax.set_title(f"speed ({payload['speed']['model']}, {s['num_iter']} steps, {s['rounds']} round(s)) vs fidelity "
+                 f"({payload['fidelity']['results']['model']}, {fs['num_samples']} images x {len(fs['seeds'])} "
+                 f"seeds)", fontsize="medium")
+    handles = [Line2D([], [], marker="o", color="0.3", ls="none", label="over full"),
+               Line2D([], [], marker="o", mfc="white", mec="0.3", ls="none", label="over full-b (same row)"),
+               Line2D([], [], color="k", ls="--", lw=0.9, label=f"goal: {GOAL['over_full']:g}x over full"),
+               Line2D([], [], color="k", ls=":", lw=0.9, label=f"goal: {GOAL['over_full_b']:g}x over full-b"),
+               Line2D([], [], color="0.4", lw=0.8, label="full (1x; PSNR identical)"),
+               Patch(color="tab:orange", alpha=0.3, label=f"{AGAINST}'s PSNR interval")]
+    handles += [Line2D([], [], marker="o", color=c, ls="none", label=f"{role} arm")
+                for role, c in colours.items() if any(r["role"] == role for r in rows.values())]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
+    fig.canvas.draw()
+    start = [a.xyann for a in labels]
+    place_labels(fig, labels)
+    for a, (dx, dy) in zip(labels, start):                             # a thin line from a moved label to its point
+        if a.xyann != (dx, dy):
+            ax.annotate("", a.xy, xytext=(a.xyann[0], a.xyann[1] + (4 if a.xyann[1] < dy else 0)),
+                        textcoords="offset points", arrowprops=dict(arrowstyle="-", lw=0.4, color="0.6",
+                                                                    shrinkA=0, shrinkB=2)).set_in_layout(False)
+    return fig
+
+
+def lint(fig) -> list:
+    """The figure lint's problems (``mar_probe.plot.lint``), or None when that module is absent."""
+    try:
+        from mar_probe.plot.lint import lint_figure
+    except ImportError:
+        return None
+    return lint_figure(fig)
+
+
+# ---- main ------------------------------------------------------------------------------------------------------
+def _seeds(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv=None):
+    p = bench_parser(__doc__)
+    p.add_argument("--rounds", type=int, default=2, help="speed rounds over all arms (default 2)")
+    p.add_argument("--clock", choices=sorted(BS.CLOCKS), default="wall")
+    p.add_argument("--seed", type=int, default=0, help="seed of the speed runs")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="torch device of both parts: cpu, cuda or cuda:N")
+    p.add_argument("--num-samples", type=int, default=70, help="fidelity images per seed (default 70)")
+    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2], help="fidelity seeds (default 0,1,2)")
+    p.add_argument("--fidelity-iter", type=int, default=64, help="steps of the fidelity runs (default 64)")
+    p.add_argument("--fidelity-batch", type=int, default=70, help="images per sampling batch (default 70)")
+    p.add_argument("--rank", default=str(RANK_FILE),
+                   help="bench_compose's result naming the compositions ('' for none; default compose_rank.json)")
+    p.add_argument("--strategies", default="", help="extra arms, comma-separated LABEL=NAME")
+    p.add_argument("--strategy-opt", action="append", default=[], metavar="LABEL.KEY=VALUE",
+                   help="option of an extra arm, repeatable")
+    p.add_argument("--partial", help="folder keeping compare's finished (arm, seed) runs")
+    p.add_argument("--resume", action="store_true", help="reuse the runs in --partial")
+    p.add_argument("--noise-free", action="store_true",
+                   help="also bench_compose's noise-free protocol (a second fidelity pass: as long again)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: perturbed mar_tiny for both parts, 4 steps, 5 head steps, 2 images x seeds 0,1, "
+                        "1 round")
+    p.add_argument("--out", help="output folder (default: benchmarks/results)")
+    p.add_argument("--progress", action="store_true")
+    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if args.quick:
+        args.num_iter, args.num_sampling_steps, args.fidelity_iter, args.rounds = 4, "5", 4, 1
+        args.num_samples, args.seeds = 2, [0, 1]
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds!r}")
+    if args.clock == "cpu" and args.threads != 1:
+        p.error(f"--clock cpu needs --threads 1, got {args.threads!r}")
+    if args.resume and not args.partial:
+        p.error("--resume needs --partial FOLDER")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        p.error(f"--device: {exc}")
+    Timer.clock = staticmethod(BS.CLOCKS[args.clock])
+    try:
+        arms, roles = zoo_arms(args.rank or None, args.strategies, args.strategy_opt)
+    except ValueError as exc:
+        p.error(str(exc))
+    command = " ".join(["python", "benchmarks/bench_zoo.py"] + argv)
+    print(f"{len(arms)} arms: " + ", ".join(r.label for r in arms), flush=True)
+    started, before = time.time(), BS.load_average()
+    speed = measure_speed(arms, args, device)
+    fidelity = measure_fidelity(arms, args, device, command)
+    if args.noise_free:
+        fidelity["noise_free"] = measure_noise_free(arms, args, device)
+    settings = {k: getattr(args, k) for k in ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed",
+                                              "rounds", "clock", "threads", "device", "num_samples", "seeds",
+                                              "fidelity_iter", "rank", "strategies", "strategy_opt", "noise_free",
+                                              "quick")}
+    if args.quick:
+        settings["preset"] = speed["model"] + " (perturbed, quick)"
+    payload = {"machine": machine(), "command": command, "settings": settings,
+               "load": {"before": before, "after": BS.load_average()}, "seconds": time.time() - started,
+               "goal": GOAL, "weights_sha256": {"speed": speed["weights_sha256"],
+                                                "fidelity": fidelity["results"]["weights_sha256"]},
+               "speed": {k: v for k, v in speed.items() if k != "table"}, "fidelity": fidelity,
+               "arms": combine(arms, roles, speed, fidelity)}
+    payload["meets_goal"] = [k for k, r in payload["arms"].items() if r["goal"]["meets"]]
+    out = Path(args.out) if args.out else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "zoo" + ("_quick" if args.quick else "")
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2, default=_json_default))
+    (out / f"{stem}.md").write_text(markdown(payload))
+    import matplotlib.pyplot as plt
+    fig = draw(payload)
+    problems = lint(fig)
+    for problem in problems or ():
+        warnings.warn(f"zoo figure: {problem}", stacklevel=1)
+    fig.savefig(out / f"{stem}.png", dpi=100)
+    plt.close(fig)
+    print(markdown(payload))
+    return payload
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__!r}")
+
+
+if __name__ == "__main__":
+    main()

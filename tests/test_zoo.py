@@ -1,0 +1,117 @@
+"""The zoo benchmark (issue 17, item 4): benchmarks/bench_zoo.py --quick on perturbed tiny models writes every arm,
+ratios over full-b that are the ratios over full divided by full-b's, a goal verdict computed from the numbers, and a
+figure that passes the figure lint."""
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_zoo as Z  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zoo")
+    payload = Z.main(["--quick", "--noise-free", "--threads", "1", "--out", str(out)])
+    return payload, json.loads((out / "zoo_quick.json").read_text()), out
+
+
+def test_every_registered_strategy_and_the_compositions_are_arms(zoo):
+    from mar_probe import strategies
+    _, data, out = zoo
+    arms = data["arms"]
+    rank = json.loads(Z.RANK_FILE.read_text())["rank"]
+    want = set(strategies.available()) | {"full-b", "lazymar-b", "compose-bw-h5", rank["best"]}
+    assert want <= set(arms), sorted(want - set(arms))
+    assert arms[rank["best"]]["options"] == rank["best_options"] and arms[rank["best"]]["strategy"] == "compose"
+    assert arms["full-b"]["strategy"] == "lazymar" and arms["full-b"]["options"] == {
+        "token_cache": False, "condition_cache": False, "refresh_interval": 1, "head_interval": 1,
+        "head_batch_modulation": True}
+    assert arms["compose-bw-h5"]["options"] == {"head_batch_modulation": True, "condition_warmup": 5,
+                                                "head_interval": 5}
+    fid = data["fidelity"]["results"]
+    assert set(fid["strategies"]) == set(arms) and fid["settings"]["paired_against"] == "lazymar"
+    assert len(fid["settings"]["seeds"]) == 2 and fid["settings"]["num_samples"] == 2
+    for key in ("machine", "load", "command", "weights_sha256"):
+        assert data[key]
+    assert len(data["weights_sha256"]["speed"]) == 64 and len(data["weights_sha256"]["fidelity"]) == 64
+    md = (out / "zoo_quick.md").read_text()
+    assert all(f"| `{label}` |" in md for label in arms)
+    for label, row in arms.items():                   # --noise-free: bench_compose's protocol beside compare's
+        nf = row["fidelity"]["noise_free"]
+        assert nf["psnr"]["n"] == 4 and (label == "full") == (nf["psnr_vs_lazymar"] is None)
+    assert arms["lazymar"]["fidelity"]["noise_free"]["psnr_vs_lazymar"]["mean"] == 0
+    assert arms["lazymar"]["fidelity"]["psnr_vs_lazymar"]["mean"] == 0
+    assert arms["disa"]["head_schedule"] and not arms["lazymar"]["head_schedule"]
+
+
+def test_ratios_over_full_b_are_ratios_over_full_divided_by_full_b(zoo):
+    _, data, _ = zoo
+    arms = data["arms"]
+    fb, full = arms["full-b"]["speed"], arms["full"]["speed"]
+    for label, row in arms.items():
+        sp = row["speed"]
+        for part in Z.PARTS:
+            rounds = sp["over_full"][part]["per_round"]
+            assert rounds == [f / s for f, s in zip(full["seconds_per_round"][part], sp["seconds_per_round"][part])]
+            assert sp["over_full_b"][part]["per_round"] == [
+                r / b for r, b in zip(rounds, fb["over_full"][part]["per_round"])], (label, part)
+            assert sp["flop_ratio_over_full_b"][part] == sp["flop_ratio_over_full"][part] / \
+                fb["flop_ratio_over_full"][part]
+    assert fb["over_full_b"]["end_to_end"]["per_round"] == [1.0]
+
+
+def test_goal_verdict_from_the_numbers():
+    ok = {"mean": 0.5, "lo": 0.0, "hi": 1.0}
+    assert Z.goal_verdict(5.0, 3.0, ok)["meets"]                           # the bounds themselves pass
+    v = Z.goal_verdict(4.99, 3.0, ok)
+    assert not v["meets"] and v["checks"] == {"over_full": False, "over_full_b": True, "fidelity": True}
+    assert not Z.goal_verdict(6.0, 2.99, ok)["meets"]
+    worse = Z.goal_verdict(6.0, 4.0, {"mean": -0.2, "lo": -0.5, "hi": 0.1})
+    assert not worse["meets"] and worse["fidelity_not_worse"] and not worse["checks"]["fidelity"]
+    assert not Z.goal_verdict(6.0, 4.0, {"mean": 1.0, "lo": None, "hi": None})["meets"]   # no interval: not shown
+    assert not Z.goal_verdict(6.0, 4.0, None)["meets"]
+
+
+def test_goal_verdict_follows_patched_results(zoo):
+    """The verdict in the rows is computed from their numbers: patched to the goal's side it says yes, and the
+    markdown names the arm; one PSNR interval below 0 and it says no."""
+    _, data, _ = zoo
+    arms, roles = Z.zoo_arms()
+    speed = {"table": {k: copy.deepcopy(r["speed"]) for k, r in data["arms"].items()}}
+    fidelity = copy.deepcopy(data["fidelity"])
+    for label, row in Z.combine(arms, roles, speed, fidelity).items():
+        assert row["goal"] == data["arms"][label]["goal"]
+    target = "compose-bw-h5"
+    speed["table"][target]["over_full"]["end_to_end"]["median"] = 6.0
+    speed["table"][target]["over_full_b"]["end_to_end"]["median"] = 3.5
+    paired = fidelity["results"]["strategies"][target]["paired"]["psnr"]
+    paired.update(mean=0.4, lo=0.1, hi=0.7)
+    rows = Z.combine(arms, roles, speed, fidelity)
+    assert rows[target]["goal"]["meets"] and [k for k, r in rows.items() if r["goal"]["meets"]] == [target]
+    md = Z.markdown(dict(data, arms=rows))
+    assert f"Arms that meet it: `{target}`." in md
+    paired.update(lo=-0.1)
+    assert not Z.combine(arms, roles, speed, fidelity)[target]["goal"]["meets"]
+
+
+def test_figure_is_written_and_passes_the_lint(zoo):
+    import matplotlib.pyplot as plt
+    payload, _, out = zoo
+    assert (out / "zoo_quick.png").stat().st_size > 10_000
+    fig = Z.draw(payload)
+    try:
+        ax = fig.axes[0]
+        assert ax.get_xlabel() and ax.get_ylabel() and ax.get_legend() is not None
+        labelled = {t.get_text().split(" (")[0] for t in ax.texts if t.get_text()}
+        assert labelled == set(payload["arms"]) - {"full"}
+        try:
+            from mar_probe.plot.lint import check_figure
+        except ImportError:                                  # the lint is another engineer's module
+            return
+        check_figure(fig, "zoo figure")
+    finally:
+        plt.close(fig)
