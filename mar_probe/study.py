@@ -136,6 +136,17 @@ def _write_grid(ds, path: Path) -> Path | None:
     return save_image_grid(ds["images"].values, path, labels=ds["label"].values)
 
 
+def _write_index(out: Path, written, skipped: dict, fmt: str) -> None:
+    """``index.html``: the whole study on one page (issue 15): the image grid, the summary and every figure."""
+    from .plot.report import IndexEntry, figure_entries, index_html
+    entries = [IndexEntry("images", "the generated images, one row per sample", "grid.png")] \
+        if (out / "grid.png").is_file() else []
+    entries.append(IndexEntry("summary", "the measurements with 95% intervals over samples (summary.txt)",
+                              values="summary.json", text=(out / "summary.txt").read_text()))
+    (out / "index.html").write_text(index_html("mar-probe study", entries + figure_entries(
+        written, skipped, fmt, folder="figures/")))
+
+
 def _write_summary(ds, config: StudyConfig, out: Path):
     from .analysis import format_summary, run_summary, summary_json
     table, skipped = run_summary(ds, layer=config.layer, k=config.k)
@@ -182,6 +193,7 @@ def run_study(config: StudyConfig | None = None, model=None, *, checkpoint=None,
         seconds["summary"] = time.perf_counter() - t0
         (out / "study.json").write_text(json.dumps({"config": config.to_dict(), "stores": [str(s) for s in stores],
                                                     "seconds": seconds}, indent=2))
+        _write_index(out, written, skipped, config.formats[0])
     where = StoreLocation.of(config.out)
     return StudyResult(where.local_path if where.is_local else where.url, stores, written, skipped, table,
                        summary_skipped, seconds)

@@ -110,6 +110,11 @@ def test_study_records_then_writes_grid_figures_and_summary(tmp_path, capsys):
     assert ds["step"].values.tolist() == list(range(5)) and ds["branch"].values.tolist() == ["cond"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["samples"] == 4 and all(r["n"] == 4 for r in summary["rows"])
+    page = (out / "index.html").read_text()                  # the whole study on one page (issue 15)
+    figures = sorted(p.stem for p in (out / "figures").glob("*.png"))
+    import html
+    assert "<img src='grid.png'" in page and html.escape((out / "summary.txt").read_text().splitlines()[0]) in page
+    assert figures and all(f"<img src='figures/{name}.png'" in page for name in figures)
     study = json.loads((out / "study.json").read_text())
     assert StudyConfig.from_dict(study["config"]).seeds == (0, 3)
     chunk = next((out / "seed0.zarr" / "dec_k").glob("c.*"))  # flat chunk keys

@@ -158,20 +158,44 @@ def write_figures(ds: xr.Dataset, out, only=None, formats=("png",), progress: bo
     return written, skipped
 
 
+@dataclass(frozen=True)
+class IndexEntry:
+    """One section of an HTML index: a title, a caption, an image (None: text only), a link to its values and a
+    preformatted text block."""
+    title: str
+    caption: str
+    image: str | None = None
+    values: str | None = None
+    text: str | None = None
+
+
+def index_html(title: str, entries) -> str:
+    """A self-contained HTML page of ``entries`` (:class:`IndexEntry`), one section each."""
+    import html
+    body = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
+            "<style>body{font-family:sans-serif;max-width:60em;margin:auto}img{max-width:100%}</style>",
+            f"<h1>{html.escape(title)}</h1>"]
+    for e in entries:
+        link = f" (<a href='{e.values}'>values</a>)" if e.values else ""
+        body += [f"<h2>{html.escape(e.title)}</h2>", f"<p>{html.escape(e.caption)}{link}</p>"]
+        body += [f"<img src='{e.image}' alt='{html.escape(e.title)}'>"] if e.image else []
+        body += [f"<pre>{html.escape(e.text)}</pre>"] if e.text else []
+    return "\n".join(body) + "\n"
+
+
+def figure_entries(written, skipped: dict, fmt: str, folder: str = "") -> list[IndexEntry]:
+    """Index entries of written figures (image and values under ``folder``) and of skipped ones (why)."""
+    out = [IndexEntry(name, FIGURES[name].caption, f"{folder}{name}.{fmt}", f"{folder}{name}.csv") for name in written]
+    return out + [IndexEntry(f"{name} (skipped)", why) for name, why in skipped.items()]
+
+
 def _index(out: Path, written: dict, skipped: dict, fmt: str) -> None:
     """``index.md`` and ``index.html``: every figure with its one-line caption and a link to its values."""
-    import html
     lines = ["# mar-probe figures", ""]
-    body = ["<!doctype html><meta charset='utf-8'><title>mar-probe figures</title>",
-            "<style>body{font-family:sans-serif;max-width:60em;margin:auto}img{max-width:100%}</style>",
-            "<h1>mar-probe figures</h1>"]
     for name in written:
         cap = FIGURES[name].caption
         lines += [f"## {name}", "", cap, "", f"![{name}]({name}.{fmt})", f"([values]({name}.csv))", ""]
-        body += [f"<h2>{name}</h2>", f"<p>{html.escape(cap)} (<a href='{name}.csv'>values</a>)</p>",
-                 f"<img src='{name}.{fmt}' alt='{name}'>"]
     for name, why in skipped.items():
         lines += [f"## {name} (skipped)", "", why, ""]
-        body += [f"<h2>{name} (skipped)</h2>", f"<p>{html.escape(why)}</p>"]
     (out / "index.md").write_text("\n".join(lines))
-    (out / "index.html").write_text("\n".join(body) + "\n")
+    (out / "index.html").write_text(index_html("mar-probe figures", figure_entries(written, skipped, fmt)))
