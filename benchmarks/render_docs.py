@@ -120,6 +120,17 @@ class CompareResults:
         """``mean [lo, hi]`` of a statistic, clipped to its metric's range."""
         return interval_text(self.stat(label, keys), spec, keys.split(".")[-1])
 
+    def diff(self, label: str, keys: str, spec: str) -> str:
+        """``mean [lo, hi]`` of a paired difference (``paired.psnr``: the arm minus the reference image by image),
+        clipped to the range of a difference of its metric."""
+        from mar_probe.compare import METRICS
+        from mar_probe.quality.paired import difference_bounds
+        lo, hi = difference_bounds(METRICS[keys.split(".")[-1]].bounds)
+        stat = dict(self.stat(label, keys))
+        clipped = bool(stat.get("clipped")) or stat["lo"] < lo or stat["hi"] > hi
+        stat.update(lo=max(stat["lo"], lo), hi=min(stat["hi"], hi), clipped=clipped)
+        return interval_text(stat, spec, None)
+
     def identity(self) -> dict:
         s = self.data["settings"]
         return {k: self.data.get(k, s.get(k)) for k in IDENTITY}
