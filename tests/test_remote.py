@@ -98,6 +98,9 @@ def test_analyze_and_verify_read_an_s3_store(s3, ref_store):
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-2000:]
         got[name] = json.loads(res.stdout)
+    src = {name: g.pop("source") for name, g in got.items()}          # where it came from differs, nothing else
+    assert url in src["remote"]["command"] and str(ref_store) in src["local"]["command"]
+    assert src["remote"]["weights_sha256"] == src["local"]["weights_sha256"]
     assert got["remote"] == got["local"] and got["remote"]["rows"]
     res = subprocess.run([sys.executable, "-m", "mar_probe.cli", "verify", url], env=env, capture_output=True,
                          text=True, timeout=300)
