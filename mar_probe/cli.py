@@ -719,8 +719,9 @@ def _cmd_study(args) -> int:
     for name, why in {**res.skipped, **res.summary_skipped}.items():
         print(f"skipped {name}: {why}")
     from .store.location import join
-    print(f"wrote {join(res.out, 'grid.png')}, {join(res.out, 'figures/index.html')} ({len(res.figures)} figures), "
-          f"{join(res.out, 'summary.txt')}; stores {', '.join(str(s) for s in res.stores)}; "
+    print(f"wrote {join(res.out, 'index.html')} (the study on one page: grid, summary, {len(res.figures)} figures), "
+          f"{join(res.out, 'grid.png')}, {join(res.out, 'figures/')}, {join(res.out, 'summary.txt')}; "
+          f"stores {', '.join(str(s) for s in res.stores)}; "
           + ", ".join(f"{k} {v:.0f} s" for k, v in res.seconds.items()))
     return 0
 
