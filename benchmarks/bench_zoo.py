@@ -65,14 +65,13 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import bench_strategies as BS
 from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, load_model, sample, strategies
-from mar_probe.compare import CompareConfig, StrategyRun, compare, parse_runs
-from mar_probe.models.checkpoints import resolve_device
+from mar_probe.compare import CompareConfig, StrategyRun, _json_default, compare, parse_runs
+from mar_probe.models.checkpoints import create_perturbed_model, resolve_device
 from mar_probe.probe.record import weights_sha256
 from mar_probe.quality.paired import PSNR_IDENTICAL
 from mar_probe.strategies import Timer
@@ -160,15 +159,8 @@ def measure_speed(arms, args, device) -> dict:
 
 
 def perturbed_tiny(seed: int = 1, scale: float = 0.05, **overrides):
-    """mar_tiny with seeded noise on every parameter (as tests/conftest.py's ``perturbed_tiny``): a fresh model's
-    zero-initialised head would make every strategy's tokens constant."""
-    torch.manual_seed(0)
-    model = create_model("mar_tiny", **overrides).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    return model
+    """mar_tiny with seeded noise on every parameter (``create_perturbed_model``, as the tests build theirs)."""
+    return create_perturbed_model("mar_tiny", seed=seed, scale=scale, **overrides)
 
 
 QUICK_TINY = dict(encoder_depth=4, decoder_depth=5, diffloss_d=5)       # deep enough for every cache
@@ -577,14 +569,6 @@ def main(argv=None):
     plt.close(fig)
     print(markdown(payload))
     return payload
-
-
-def _json_default(obj):
-    if isinstance(obj, (np.integer, np.floating, np.bool_)):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON-serialisable: {type(obj).__name__!r}")
 
 
 if __name__ == "__main__":

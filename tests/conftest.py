@@ -28,16 +28,9 @@ def rng():
 
 
 def perturbed_tiny(seed: int = 1, scale: float = 0.05, **overrides):
-    """mar_tiny (with config overrides) whose parameters get seeded noise: the zero-initialised head and AdaLN
-    layers of a fresh model would make every strategy's tokens constant and every comparison trivially exact."""
-    from mar_probe import create_model
-    torch.manual_seed(0)
-    model = create_model("mar_tiny", **overrides).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    return model
+    """mar_tiny (with config overrides) whose parameters get seeded noise (see create_perturbed_model)."""
+    from mar_probe.models.checkpoints import create_perturbed_model
+    return create_perturbed_model("mar_tiny", seed=seed, scale=scale, **overrides)
 
 
 @pytest.fixture(scope="session")
