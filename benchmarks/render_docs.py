@@ -72,16 +72,19 @@ def fmt(value, spec: str) -> str:
     return format(value, spec)
 
 
-def interval_text(stat: dict, spec: str, metric: str | None) -> str:
-    """``mean [lo, hi]`` of a compare statistic, clipped to ``metric``'s range (``*`` when that moved an end); the
-    mean alone when the interval has no width (every unit identical) or does not exist (one unit)."""
+def interval_text(stat: dict, spec: str, metric: str | None = None, *, bounds=None) -> str:
+    """``mean [lo, hi]`` of a compare statistic, clipped to ``bounds`` (default: ``metric``'s range) with ``*`` when
+    that moved an end or the file says it was clipped; the mean alone when the interval has no width (every unit
+    identical) or does not exist (one unit)."""
     mean, lo, hi = stat["mean"], stat.get("lo"), stat.get("hi")
     if lo is None or hi is None or lo == hi:
         return fmt(mean, spec)
     clipped = bool(stat.get("clipped", False))
-    if metric is not None:
+    if bounds is None and metric is not None:
         from mar_probe.compare import METRICS
-        b_lo, b_hi = METRICS[metric].bounds
+        bounds = METRICS[metric].bounds
+    if bounds is not None:
+        b_lo, b_hi = bounds
         clipped = clipped or lo < b_lo or hi > b_hi
         lo, hi = min(max(lo, b_lo), b_hi), max(min(hi, b_hi), b_lo)
     return f"{fmt(mean, spec)} [{fmt(lo, spec)}, {fmt(hi, spec)}]{CLIPPED if clipped else ''}"
@@ -125,11 +128,8 @@ class CompareResults:
         clipped to the range of a difference of its metric."""
         from mar_probe.compare import METRICS
         from mar_probe.quality.paired import difference_bounds
-        lo, hi = difference_bounds(METRICS[keys.split(".")[-1]].bounds)
-        stat = dict(self.stat(label, keys))
-        clipped = bool(stat.get("clipped")) or stat["lo"] < lo or stat["hi"] > hi
-        stat.update(lo=max(stat["lo"], lo), hi=min(stat["hi"], hi), clipped=clipped)
-        return interval_text(stat, spec, None)
+        bounds = difference_bounds(METRICS[keys.split(".")[-1]].bounds)
+        return interval_text(self.stat(label, keys), spec, bounds=bounds)
 
     def identity(self) -> dict:
         s = self.data["settings"]
@@ -254,14 +254,11 @@ class BenchResults:
 
 def seed_difference(res: CompareResults, label: str, metric: str, against: str = "full", spec: str = ".1f") -> str:
     """The per-seed difference ``metric(label) - metric(against)`` (a per-seed quality: Fréchet distance) with its
-    t-interval over seeds, clipped to the range of a difference (``mar_probe.quality.paired.interval``)."""
-    from mar_probe.compare import METRICS
-    from mar_probe.quality.paired import difference_bounds, interval
-    ref = {s["seed"]: s[metric] for s in res.entry(against)["per_seed"]}
-    diffs = [s[metric] - ref[s["seed"]] for s in res.entry(label)["per_seed"]]
-    iv = interval(diffs, bounds=difference_bounds(METRICS[metric].bounds))
-    text = interval_text({"mean": iv.estimate, "lo": iv.low, "hi": iv.high, "clipped": iv.clipped}, spec, None)
-    return f"{text} (n = {iv.n} seeds)"
+    t-interval over seeds, as compare's ``seed_paired_difference`` computes it (from ``per_seed``, so files written
+    before compare reported it render too)."""
+    from mar_probe.compare import seed_paired_difference
+    entry = seed_paired_difference(res.entry(label)["per_seed"], res.entry(against)["per_seed"], against)[metric]
+    return f"{interval_text(entry, spec)} (n = {entry['n']} seeds)"
 
 
 class ShadowErrors:
