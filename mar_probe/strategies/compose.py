@@ -42,14 +42,13 @@ from ..engine.strategy import Strategy, sample_head
 from .condition_cache import ConditionCache, cond_only  # noqa: F401  (cond_only: its old home)
 from .head_cache import HeadCache, HeadCacheConfig
 from .head_schedule import HEAD_SCHEDULES
+from .lazymar import CONDITION_OPTIONS as LAZYMAR_CONDITION_OPTIONS
+from .lazymar import HEAD_OPTIONS as LAZYMAR_HEAD_OPTIONS
 
-HEAD_SIDE_OPTIONS: dict[str, tuple[str, ...]] = {
-    "recap": ("head_fraction",),
-    "lazymar": ("head_cache", "head_interval", "head_warm_fraction", "head_delta_blocks", "head_batch_modulation"),
-}
+HEAD_SIDE_OPTIONS: dict[str, tuple[str, ...]] = {"recap": ("head_fraction",), "lazymar": LAZYMAR_HEAD_OPTIONS}
 """Options of a token policy that belong to its own head, which compose never calls: refused in ``token_opts``."""
 
-CONDITION_SIDE_OPTIONS: dict[str, tuple[str, ...]] = {"lazymar": ("condition_cache",)}
+CONDITION_SIDE_OPTIONS: dict[str, tuple[str, ...]] = {"lazymar": LAZYMAR_CONDITION_OPTIONS}
 """Options of a token policy that belong to its own condition cache, which compose's ``condition_cache`` replaces:
 refused in ``token_opts``."""
 

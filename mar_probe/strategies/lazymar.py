@@ -56,9 +56,11 @@ from ..engine.cost import linear_flops
 from ..engine.strategy import StepPlan, Strategy, count_blocks, count_embeddings
 from .layers import KVCache, active_attention, block_mlp, full_block, gather_rows, rows_of, scatter_rows
 
-CONDITION_AND_HEAD_OPTIONS: tuple[str, ...] = ("condition_cache", "head_cache", "head_interval", "head_warm_fraction",
-                                             "head_delta_blocks", "head_batch_modulation")
-"""Options of the condition and head caches, which the token cache (:class:`LazyMARTokens`) does not read."""
+HEAD_OPTIONS: tuple[str, ...] = ("head_cache", "head_interval", "head_warm_fraction", "head_delta_blocks",
+                                 "head_batch_modulation")
+"""Options of the head cache (:class:`~.head_cache.HeadCache`), which the token cache does not read."""
+CONDITION_OPTIONS: tuple[str, ...] = ("condition_cache",)
+"""Options of the condition cache (:class:`~.condition_cache.ConditionCache`), which the token cache does not read."""
 RETAIN_SCHEDULE = (1.0,) * 20 + (0.6,) + (0.5,) * 4 + (0.4,) * 5 + (0.15,) * 5 + (0.12,) * 5 + (0.05,) * 24
 
 
@@ -152,7 +154,7 @@ class LazyMARTokens(Strategy):
 
     def to_dict(self) -> dict:
         return {"name": self.name, **{k: v for k, v in dataclasses.asdict(self.config).items()
-                                      if k not in CONDITION_AND_HEAD_OPTIONS}}
+                                      if k not in HEAD_OPTIONS + CONDITION_OPTIONS}}
 
     def begin(self, model, batch_size, num_iter):
         self.enc_cache, self.dec_cache = KVCache(), KVCache()
