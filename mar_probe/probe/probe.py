@@ -69,7 +69,7 @@ def _routes(layout: RunLayout) -> dict[str, list[tuple[str, int]]]:
         layers = layout.layers[var.stack] if var.layered else (None,)
         for pos, layer in enumerate(layers):
             for hook in var.hook_names(layer):
-                routes.setdefault(hook, []).append((name, pos or 0))
+                routes.setdefault(hook, []).append((name, pos))
     return routes
 
 

@@ -149,6 +149,10 @@ class LazyMARTokens(Strategy):
 
     def __init__(self, config: LazyMARConfig):
         self.config = config
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every cached row (a new batch)."""
         self.enc_cache, self.dec_cache = KVCache(), KVCache()
         self.dec_in = self.prev_to_pred = None
 
@@ -157,8 +161,7 @@ class LazyMARTokens(Strategy):
                                       if k not in HEAD_OPTIONS + CONDITION_OPTIONS}}
 
     def begin(self, model, batch_size, num_iter):
-        self.enc_cache, self.dec_cache = KVCache(), KVCache()
-        self.dec_in = self.prev_to_pred = None
+        self.reset()
 
     def is_refresh(self, step: int) -> bool:
         """Whether ``step`` computes everything (warm-up or periodic refresh), as ``global_force_fresh``."""
