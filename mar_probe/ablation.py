@@ -432,7 +432,8 @@ def format_summary(results: dict) -> str:
     ref_key = "vs_lazymar" if ab["kind"] == "lazymar-attribution" else "vs_attention"
     ref = "lazymar" if ab["kind"] == "lazymar-attribution" else "attention@budget"
     metric = ab["metric"]
-    lines = [f"| arm | FLOP speed-up | {metric} vs full | {metric} minus {ref} (paired) |", "|---|---:|---:|---:|"]
+    lines = [f"| arm | FLOP speed-up (end to end) | {metric} vs full | {metric} minus {ref} (paired) |",
+             "|---|---:|---:|---:|"]
     for r in ab["rows"]:
         lines.append(f"| {r['label']} | {_fmt(r['speedup_flops'])} | {_fmt(r['vs_full'])} | {_fmt(r[ref_key])} |")
     if any("*" in line for line in lines[2:]):

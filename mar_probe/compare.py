@@ -23,7 +23,7 @@ machinery and adds the Pareto front of speed against fidelity.
 ``results.json`` (``format = "mar_probe.compare"``, ``version = 1``)::
 
     {"format", "version", "command": the command line or None, "settings": CompareConfig.to_dict(),
-     "machine": {...}, "model", "weights_sha256",
+     "machine": {...}, "model", "weights_sha256", "speed_scope": SPEED_SCOPE (what the speed-ups cover),
      "strategies": {LABEL: {
          "label", "config": strategy.to_dict(), "steps", "samples_path": "samples/LABEL.npz",
          "seconds": I, "gflops": I, "speedup": {"time": I, "flops": I},
@@ -91,6 +91,11 @@ METRICS = {"token_mse": MetricSpec(_POSITIVE, False), "token_cos": MetricSpec((-
            "enc_kv_err": MetricSpec(_POSITIVE, False), "z_err": MetricSpec(_POSITIVE, False)}
 SEED_PAIRED = ("frechet_distance", "fid")  # per-seed quality compared seed by seed
 CLIPPED_NOTE = "* interval clipped to the metric's range"
+#: what compare's speed-ups cover (issue 15 item 7: every speed-up says whether it is end to end or one part; the
+#: papers' headline speed-ups are end to end). The engine's timer wraps exactly these phases of every step.
+SPEED_SCOPE = ("end to end: encoder + decoder + diffusion head over every step (the whole step loop; "
+               "decoding tokens into images is outside)")
+SPEED_NOTE = f"speedup_time, speedup_flops: over full in the same rounds, {SPEED_SCOPE}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -364,7 +369,8 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
                 entry["paired"].update({k: v for k, v in seed_paired_difference(
                     entry["per_seed"], ref["per_seed"], config.paired_against).items() if k != "against"})
     results = {"format": FORMAT, "version": VERSION, "command": command, "settings": config.to_dict(),
-               "machine": machine(), "model": model.config.name, "weights_sha256": sha, "strategies": strategies}
+               "machine": machine(), "model": model.config.name, "weights_sha256": sha, "speed_scope": SPEED_SCOPE,
+               "strategies": strategies}
     return CompareResult(results, runs)
 
 
@@ -477,6 +483,8 @@ def format_table(results: dict) -> str:
     for _, row in df.iterrows():
         cells = [_cell(row, c) for c in cols]
         lines.append(f"| {row['label']} | {row['steps']} | " + " | ".join(cells) + " |")
+    if any(c.startswith("speedup") for c in cols):
+        lines += ["", SPEED_NOTE]
     if any(cell.endswith("*") for line in lines[2:] for cell in line.split(" | ")):
         lines += ["", CLIPPED_NOTE]
     return "\n".join(lines)

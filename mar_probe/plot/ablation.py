@@ -67,7 +67,7 @@ def attribution_plot(rows: list[dict], ax=None):
     top.tick_params(length=0)
     metric = rows[0]["metric"] if rows else "psnr"
     ax.set_xlim(x.min() - 0.7, x.max() + 0.7) if len(x) else None
-    ax.set(xlabel="arm (caches on) and its FLOP speed-up over full",
+    ax.set(xlabel="arm (caches on) and its FLOP speed-up over full, end to end",
            ylabel=f"{metric} vs full{_unit(metric)}, mean and 95% CI", title="LazyMAR attribution: fidelity per cache")
     ax.grid(axis="y", alpha=0.3)
     if any((r["vs_full"] or {}).get("clipped") for r in rows):

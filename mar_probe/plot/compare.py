@@ -16,7 +16,9 @@ def _plt():
 
 
 #: axis labels with units of the quantities compare reports (others: their column name)
-AXIS_LABELS = {"speedup_flops": "FLOPs speed-up over full (×)", "speedup_time": "time speed-up over full (×)",
+#: speed-ups are end to end (compare.SPEED_SCOPE), said on the axis (issue 15 item 7)
+AXIS_LABELS = {"speedup_flops": "FLOPs speed-up over full, end to end (×)",
+               "speedup_time": "time speed-up over full, end to end (×)",
                "seconds": "seconds per run (s)", "gflops": "GFLOPs per run", "psnr": "PSNR vs full (dB)",
                "ssim": "SSIM vs full", "token_mse": "token MSE vs full", "token_cos": "token cosine vs full",
                "class_accuracy": "class accuracy (judge)", "frechet_distance": "Fréchet distance (judge features)"}

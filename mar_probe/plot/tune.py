@@ -53,7 +53,7 @@ def tune_plot(result: TuneResult, ax=None):
         ax.errorbar([h.speedup_flops.mean], [h.metric(target.metric).mean], xerr=_bars([h.speedup_flops]),
                     yerr=_bars([h.metric(target.metric)]), fmt="D", ms=6, color="C1", capsize=2,
                     label=f"chosen on held-out seeds ({'met' if result.met else 'not met'})")
-    ax.set(xlabel="FLOPs speed-up over full (×)", ylabel=axis_label(target.metric),
+    ax.set(xlabel=axis_label("speedup_flops"), ylabel=axis_label(target.metric),
            title=f"tune {result.config.family}: {result.config.search} search")
     ax.grid(alpha=0.3)
     legend_beside(ax, fontsize=7)
