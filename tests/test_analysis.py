@@ -505,3 +505,26 @@ def test_summary_json_says_what_it_measured(tmp_path):
     assert src["command"] == "mar-probe analyze a b --json s.json" and src["weights_sha256"] == "ab" * 32
     assert src["model_preset"] == "fashion_small" and "unrelated" not in src and "cores" in src["machine"]
     assert set(src) <= {"command", "machine", *SOURCE_ATTRS}
+
+
+def test_empty_sets_and_categories_are_nan_without_numpy_warnings():
+    """An empty denominator (no token drifts at a step; a category with no token at a step) gives NaN, not 0 and
+    not numpy's 'invalid value encountered in divide' that analyze and study used to print."""
+    import warnings
+    from mar_probe.analysis.selection import set_overlap
+    sel = xr.DataArray(np.array([[True, False, True], [False, False, False]]), dims=("step", "token"))
+    truth = xr.DataArray(np.array([[True, False, False], [False, False, False]]), dims=("step", "token"))
+    eligible = xr.DataArray(np.array([[True, True, True], [False, False, False]]), dims=("step", "token"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out = set_overlap(sel.chunk(), truth.chunk(), eligible.chunk()).compute()  # dask: numpy's own errstate
+    np.testing.assert_allclose(out["precision"], [0.5, np.nan])
+    np.testing.assert_allclose(out["recall"], [1.0, np.nan])
+    np.testing.assert_allclose(out["random_recall"], [2 / 3, np.nan])
+    cos = xr.DataArray(np.array([[0.5, 1.0], [np.nan, np.nan]]), dims=("step", "token"), coords={"step": [1, 2]})
+    cats = xr.DataArray(np.full((2, 2), 1, dtype=np.int8), dims=("step", "token"), coords={"step": [1, 2]})
+    with warnings.catch_warnings():                        # code 1 is "t-1"; step 2 has no valid token
+        warnings.simplefilter("error", RuntimeWarning)
+        summ = A.summarize_stability(cos.chunk(), cats.chunk(), names=[A.CATEGORIES[1]]).compute()
+    np.testing.assert_allclose(summ["mean"].squeeze().values, [0.75, np.nan])
+    np.testing.assert_allclose(summ["share"].sel(threshold=0.9).squeeze().values, [0.5, np.nan])

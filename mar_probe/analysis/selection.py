@@ -44,10 +44,17 @@ def set_overlap(sel: xr.DataArray, truth: xr.DataArray, eligible: xr.DataArray, 
     inter = (sel & truth).sum(dim)
     n_sel, n_true, n = sel.sum(dim), truth.sum(dim), eligible.sum(dim)
     union = n_sel + n_true - inter
-    e_inter = n_sel * n_true / n
-    return xr.Dataset({"precision": inter / n_sel, "recall": inter / n_true, "jaccard": inter / union,
-                       "random_precision": n_true / n, "random_recall": n_sel / n,
-                       "random_jaccard": e_inter / (n_sel + n_true - e_inter), "n": n})
+    e_inter = _ratio(n_sel * n_true, n)
+    return xr.Dataset({"precision": _ratio(inter, n_sel), "recall": _ratio(inter, n_true),
+                       "jaccard": _ratio(inter, union), "random_precision": _ratio(n_true, n),
+                       "random_recall": _ratio(n_sel, n), "random_jaccard": _ratio(e_inter, n_sel + n_true - e_inter),
+                       "n": n})
+
+
+def _ratio(num: xr.DataArray, den: xr.DataArray) -> xr.DataArray:
+    """``num / den``, NaN where ``den`` is 0 (recall when no token drifts at a step is undefined, not 0), without
+    numpy's 0/0 warning that `analyze` and `study` used to print once per run."""
+    return num / den.where(den > 0)
 
 
 def selection_vs_drift(selector: xr.DataArray, actual: xr.DataArray, categories: xr.DataArray, k=(8, 16, 32, 64),

@@ -102,7 +102,10 @@ def summarize_stability(cos: xr.DataArray, categories: xr.DataArray, dim=("token
     cats = category_masks(categories.sel(step=cos["step"]), names)
     valid = cats & cos.notnull()
     count = valid.sum(dim)
-    mean = cos.where(valid).sum(dim) / count
+    # a category with no token at a step (t-1 at step 0, say) is NaN there, without numpy's 0/0 warning that
+    # `analyze` and `study` used to print once per run
+    per = count.where(count > 0)
+    mean = cos.where(valid).sum(dim) / per
     th = xr.DataArray(list(thresholds), dims="threshold", coords={"threshold": list(thresholds)})
-    share = ((cos > th) & valid).sum(dim) / count
+    share = ((cos > th) & valid).sum(dim) / per
     return xr.Dataset({"mean": mean, "share": share, "count": count})
