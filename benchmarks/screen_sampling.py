@@ -1,0 +1,81 @@
+"""The temperature / CFG screening behind the shipped model's recommended sampling settings (``data/README.md``).
+
+For each setting (temperature, CFG scale) the model samples the same 100 images (10 per class, 16 steps, linear
+CFG schedule, seed 1; every other setting is the checkpoint's ``sampling_defaults``) and the project's classifier
+scores them (:func:`mar_probe.quality.quality_report`: class accuracy, Fréchet distance of its features against
+the test split, the real-vs-real floor of the same n):
+
+    python benchmarks/screen_sampling.py --threads 1
+
+writes ``benchmarks/results/sampling_screen.json`` with the command, the model's weights SHA-256 and the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_result  # noqa: E402
+from pilot_architectures import _scores  # noqa: E402
+
+NAME = "sampling_screen"
+# (temperature, CFG scale): MAR's temperature 1.0 and lower ones at CFG 3.0, then a lower CFG at T 0.6
+SETTINGS = ((1.0, 3.0), (0.8, 3.0), (0.6, 3.0), (0.5, 3.0), (0.6, 2.0))
+
+
+def parse_settings(text: str) -> tuple[tuple[float, float], ...]:
+    """``"1.0:3.0,0.6:2.0"`` -> ((1.0, 3.0), (0.6, 2.0)): temperature:cfg pairs."""
+    try:
+        return tuple((float(t), float(c)) for t, c in (item.split(":") for item in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TEMPERATURE:CFG pairs separated by commas (e.g. "
+                                         f"'1.0:3.0,0.6:2.0'), got {text!r}") from None
+
+
+def screen_one(model, labels, temperature: float, cfg: float, args) -> dict:
+    """Sample ``labels`` at one (temperature, cfg) and score the images with the project's classifier."""
+    from mar_probe import sample
+    from mar_probe.quality import quality_report
+    t0 = time.time()
+    res = sample(model, labels, num_iter=args.steps, cfg=cfg, cfg_schedule="linear", temperature=temperature,
+                 seed=args.seed, batch_size=args.batch_size, progress=True)
+    seconds = time.time() - t0
+    report = quality_report({"images": res.images, "labels": res.labels})
+    return dict(temperature=temperature, cfg=cfg, sample_seconds=seconds, settings=res.settings, **_scores(report))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", default="data/fashion_small.pth")
+    p.add_argument("--settings", type=parse_settings, default=SETTINGS, help="TEMPERATURE:CFG pairs, comma-separated")
+    p.add_argument("--per-class", type=int, default=10)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    import numpy as np
+    import torch
+
+    from mar_probe import load_model
+    from mar_probe.probe.record import weights_sha256
+    torch.set_num_threads(args.threads)
+    model = load_model(args.checkpoint)
+    labels = np.repeat(np.arange(model.num_classes), args.per_class)
+    rows = [screen_one(model, labels, t, c, args) for t, c in args.settings]
+    command = "python benchmarks/screen_sampling.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    path = write_result(NAME, dict(command=command, checkpoint=args.checkpoint, weights_sha256=weights_sha256(model),
+                                   protocol=dict(per_class=args.per_class, num_images=len(labels), steps=args.steps,
+                                                 cfg_schedule="linear", seed=args.seed),
+                                   rows=rows))
+    for r in rows:
+        print(f"T {r['temperature']:g}, CFG {r['cfg']:g}: accuracy {r['class_accuracy']:.3f}, "
+              f"Frechet {r['frechet_distance']:.1f} ({r['sample_seconds']:.0f} s)")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""The model cards' reader of training checkpoints (benchmarks/render_docs.py): phases split by
+``phase_iterations`` (or each phase's ``iters``), wall seconds that survive a clock restart, and loud errors."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import render_docs as R  # noqa: E402
+
+
+def _save(folder: Path, history, phases, lengths=None) -> None:
+    state = {"model_ema": {"w": torch.zeros(3, 4), "b": torch.zeros(5)}, "loss_history": history,
+             "train_phases": phases, "mar_probe_config": {"name": "x"}}
+    if lengths is not None:
+        state["phase_iterations"] = lengths
+    torch.save(state, folder / "m.pth")
+
+
+def test_phases_split_by_iters_and_a_restarted_clock_counts_from_zero(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    # phase 0: 3 iterations of 2 s; phase 1 restarted its clock: 4 s, then 1 s each
+    history = [[0, 2.0, 2.0], [1, 1.0, 4.0], [2, 0.5, 6.0], [3, 0.4, 4.0], [4, 0.3, 5.0], [5, 0.2, 6.0]]
+    _save(tmp_path, history, [{"iters": 3}, {"iters": 3, "max_minutes": 1}])
+    ck = R.TrainingCheckpoint("m.pth")
+    assert ck.params == 17 and ck.resets == 1 and ck.iterations == 6 and ck.rel == "data/m.pth"
+    p0, p1 = ck.phases
+    assert (p0.iterations, p0.wall_seconds, p0.seconds_per_iteration(), p0.outcome) == (3, 6.0, 2.0, "completed")
+    assert (p1.start, p1.end, p1.wall_seconds, p1.seconds_per_iteration()) == (3, 6, 6.0, 1.0)
+    assert p1.loss_last100 == pytest.approx(0.3) and ck.wall_seconds == 12.0 and ck.first_loss == 2.0
+
+
+def test_phase_iterations_win_and_a_phase_stopped_by_the_clock_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    history = [[i, 1.0, 30.0 * (i + 1)] for i in range(4)]
+    _save(tmp_path, history, [{"iters": 100, "max_minutes": 1}, {"iters": 50, "max_minutes": 5}], lengths=[2, 2])
+    p0, p1 = R.TrainingCheckpoint("m.pth").phases
+    assert (p0.iterations, p0.outcome) == (2, "stopped by the clock")
+    assert (p1.iterations, p1.outcome) == (2, "stopped early")
+
+
+def test_iteration_counts_that_do_not_add_up_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    _save(tmp_path, [[0, 1.0, 1.0], [1, 1.0, 2.0]], [{"iters": 5}])
+    with pytest.raises(ValueError, match=r"adding up to the 2 entries of loss_history, got \[5\]"):
+        R.TrainingCheckpoint("m.pth")
+    with pytest.raises(FileNotFoundError, match="expected a committed file under data/"):
+        R.TrainingCheckpoint("missing.pth")
+
+
+def test_duration_sci_and_target_misses():
+    assert R.duration(4752.84) == "79 min 13 s" and R.sci(0.0006) == "6e-4" and R.sci(2.4287e-9) == "2.4e-9"
+    row = {"class_accuracy": 0.878, "frechet_ratio": 13.79, "per_class_accuracy": {"Bag": 1.0, "Pullover": 0.36}}
+    assert R.target_misses(row) == ["class accuracy 0.878 < 0.90", "Pullover 0.36 < 0.60", "Fréchet ratio 13.8x > 5x"]
+    assert R.per_class_text(row) == "Bag 1.00, **Pullover 0.36**"
