@@ -141,6 +141,21 @@ class CompareResults:
         bounds = difference_bounds(METRICS[keys.split(".")[-1]].bounds)
         return interval_text(self.stat(label, keys), spec, bounds=bounds)
 
+    def versus(self, label: str, keys: str, above: str, below: str, neither: str) -> str:
+        """A verdict read off the interval of a paired difference (``paired.psnr``: the arm minus its reference):
+        ``above`` when the whole interval is above 0, ``below`` when it is below 0, else ``neither`` (this n does
+        not tell them apart), so a sentence cannot claim more than its interval."""
+        stat = self.stat(label, keys)
+        lo, hi = stat.get("lo"), stat.get("hi")
+        if lo is None or hi is None:
+            raise ValueError(f"{self.rel!r}: {label!r} {keys!r} has no interval (n = {stat.get('n')!r}); a verdict "
+                             "needs one")
+        return above if lo > 0 else below if hi < 0 else neither
+
+    def n(self, label: str, keys: str = "fidelity.psnr") -> int:
+        """The number of units behind a statistic (paired images for a fidelity metric)."""
+        return int(self.stat(label, keys)["n"])
+
     def identity(self) -> dict:
         s = self.data["settings"]
         return {k: self.data.get(k, s.get(k)) for k in IDENTITY}
