@@ -62,3 +62,17 @@ def test_one_table_refuses_results_of_another_model_or_settings(tmp_path, monkey
         R.table([(a, "m", "A"), (c, "m", "C")], ["psnr"])
     with pytest.raises(KeyError, match=r"'a' has no strategy 'lazymar'; it has \['m'\]"):
         a.mean("lazymar", "fidelity.psnr", ".1f")
+
+
+@pytest.mark.parametrize("psnr, verdict", [(30.0, "above"), (-30.0, "below"), (0.5, "neither")])
+def test_verdicts_follow_the_interval_and_need_one(tmp_path, monkeypatch, psnr, verdict):
+    """A sentence's verdict (above / below / not told apart) is read off the interval, never off the mean alone:
+    a mean of 0.5 with the interval [-0.5, 1.5] is not 'above'."""
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    _results(tmp_path / "a", psnr=psnr)
+    res = R.CompareResults("a")
+    assert res.versus("m", "fidelity.psnr", "above", "below", "neither") == verdict
+    assert res.n("m") == 8
+    res.data["strategies"]["m"]["fidelity"]["psnr"].update(lo=None, hi=None, n=1)
+    with pytest.raises(ValueError, match=r"'a': 'm' 'fidelity.psnr' has no interval \(n = 1\); a verdict needs one"):
+        res.versus("m", "fidelity.psnr", "above", "below", "neither")
