@@ -54,3 +54,21 @@ def test_duration_sci_and_target_misses():
     row = {"class_accuracy": 0.878, "frechet_ratio": 13.79, "per_class_accuracy": {"Bag": 1.0, "Pullover": 0.36}}
     assert R.target_misses(row) == ["class accuracy 0.878 < 0.90", "Pullover 0.36 < 0.60", "Fréchet ratio 13.8x > 5x"]
     assert R.per_class_text(row) == "Bag 1.00, **Pullover 0.36**"
+
+
+def test_classifier_card_floor_text_and_counts():
+    assert [R.Floor(1, m, s).text for m, s in [(25.268, 4.593), (4.9195, 1.0893), (0.37749, 0.04175)]] == [
+        "25.27 ± 4.59", "4.920 ± 1.089", "0.377 ± 0.042"]
+    assert [R.count_text(n) for n in (100, 1000, 10000, 2500)] == ["100", "1k", "10k", "2500"]
+
+
+def test_classifier_card_refuses_statistics_of_another_classifier(tmp_path, monkeypatch):
+    import shutil
+
+    import numpy as np
+    shutil.copy(R.DATA / "fashion_classifier.pt", tmp_path / "c.pt")
+    with np.load(R.DATA / "fashion_test_stats.npz") as z:
+        np.savez(tmp_path / "s.npz", **{**{k: z[k] for k in z.files}, "classifier_fingerprint": np.asarray("f" * 64)})
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    with pytest.raises(ValueError, match=r"'data/s.npz' belongs to classifier 'f{64}', expected that of 'data/c.pt'"):
+        R.ClassifierFiles("c.pt", "s.npz")
