@@ -592,8 +592,8 @@ def format_report(result: TuneResult) -> str:
         lines.append(f"no candidate meets the target; closest: {result.closest.run.label}")
         return "\n".join(lines)
     h = result.heldout
-    lines.append(f"chosen: {result.chosen.run.label} (FLOPs speed-up {result.chosen.speedup_flops.mean:.4g} end to end on "
-                 "calibration)")
+    lines.append(f"chosen: {result.chosen.run.label} (FLOPs speed-up {result.chosen.speedup_flops.mean:.4g} end to "
+                 "end on calibration)")
     if h is not None:
         lines.append(f"held-out seeds {list(h.seeds)!r}: {t.metric} {h.metric(t.metric)}, end-to-end FLOPs speed-up "
                      f"{h.speedup_flops}, time speed-up {h.speedup_time}: target "

@@ -264,7 +264,8 @@ def test_sweep_pareto_passes(compared, key):
                      options=list(grid))
     if key == "selection":                                   # one speed: the configurations along x, speed in the title
         assert [t.get_text() for t in ax.get_xticklabels()] == grid["selection"]
-        assert ax.get_xlabel() == "swept option: selection" and "FLOPs speed-up over full, end to end 1.1" in ax.get_title()
+        assert ax.get_xlabel() == "swept option: selection"
+        assert "FLOPs speed-up over full, end to end 1.1" in ax.get_title()
     else:
         assert ax.get_xlabel() == "FLOPs speed-up over full, end to end (×)" and ax.get_ylabel() == "PSNR vs full (dB)"
         assert any(line.get_label() == "Pareto front" and len(line.get_xdata()) > 1 for line in ax.get_lines())
