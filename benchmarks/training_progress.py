@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_result  # noqa: E402
+from mar_probe.machine import machine  # noqa: E402
 from pilot_architectures import PilotSettings, evaluate_file  # noqa: E402
 
 NAME = "training_progress"
@@ -35,7 +36,8 @@ def main(argv=None) -> int:
     rows = {r["preset"]: r for r in json.loads(old.read_text())["rows"]} if old.is_file() else {}
     for spec in args.checkpoints:
         label, path = spec.split("=", 1)
-        rows[label] = dict(evaluate_file(Path(path), s, label), source=path)
+        # each row records the machine it was scored on: the file's top-level machine is only the last call's
+        rows[label] = dict(evaluate_file(Path(path), s, label), source=path, machine=machine())
     command = "python benchmarks/training_progress.py " + " ".join(argv if argv is not None else sys.argv[1:])
     write_result(NAME, dict(command=command, protocol="50 per class, 16 steps, CFG 3.0 linear, T 0.6, seed 0",
                             rows=list(rows.values())))
