@@ -500,13 +500,14 @@ class ProgressResults:
         return rows[0]
 
     def scored(self, checkpoint: TrainingCheckpoint) -> dict | None:
-        """The row that scored ``checkpoint``: the one whose ``source`` is its file, else the one with its parameter
-        count and iterations (a row scored from the run folder it was exported from); None when none did."""
-        for r in self.rows:
-            if r["source"] == checkpoint.rel:
-                return r
+        """The row that scored ``checkpoint``: among the rows with its parameter count and iterations, the one whose
+        ``source`` is its file, else the last (a row scored from the run folder it was exported from); None when
+        none did."""
+        # a path alone is not enough: the committed file is replaced by every phase, so a row scored from the same
+        # path may have scored earlier weights; its iterations tell
         same = [r for r in self.rows if (r["params"], r["iterations"]) == (checkpoint.params, checkpoint.iterations)]
-        return same[-1] if same else None
+        by_path = [r for r in same if r["source"] == checkpoint.rel]
+        return (by_path or same or [None])[-1]
 
     def series(self, params: int) -> list[dict]:
         """The rows of one model (its parameter count), by iterations."""
