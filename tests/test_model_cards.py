@@ -72,3 +72,19 @@ def test_classifier_card_refuses_statistics_of_another_classifier(tmp_path, monk
     monkeypatch.setattr(R, "DATA", tmp_path)
     with pytest.raises(ValueError, match=r"'data/s.npz' belongs to classifier 'f{64}', expected that of 'data/c.pt'"):
         R.ClassifierFiles("c.pt", "s.npz")
+
+
+def test_a_row_scored_from_the_same_path_is_not_the_current_weights_unless_its_iterations_match(tmp_path, monkeypatch):
+    """The committed file is replaced by every phase: a row whose source is that path but whose iterations are an
+    earlier phase's did not score the current weights (the card then says 'not scored yet')."""
+    import json
+    from types import SimpleNamespace
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    rows = [{"preset": "p5", "source": "data/training/m.pth", "params": 10, "iterations": 300},
+            {"preset": "p6-run", "source": "runs/p6/m.pth", "params": 10, "iterations": 400}]
+    (tmp_path / "progress.json").write_text(json.dumps({"rows": rows, "protocol": "x", "command": "y"}))
+    prog = R.ProgressResults("progress.json")
+    ckpt = SimpleNamespace(rel="data/training/m.pth", params=10, iterations=400)
+    assert prog.scored(ckpt)["preset"] == "p6-run"
+    assert prog.scored(SimpleNamespace(rel="data/training/m.pth", params=10, iterations=500)) is None
+    assert prog.scored(SimpleNamespace(rel="data/training/m.pth", params=10, iterations=300))["preset"] == "p5"
