@@ -539,18 +539,6 @@ def target_misses(row: dict, targets: dict = TARGETS) -> list[str]:
     return misses
 
 
-def classifier_accuracy() -> float:
-    """Test accuracy of the project's classifier (``data/fashion_classifier.pt``), as the file records it."""
-    from mar_probe.quality import load_classifier
-    return load_classifier(DATA / "fashion_classifier.pt").test_accuracy
-
-
-def floor_sizes() -> list[int]:
-    """Sample sizes at which the real-vs-real Fréchet floor is tabulated (``data/fashion_test_stats.npz``)."""
-    from mar_probe.quality import load_reference_stats
-    return [int(n) for n in load_reference_stats(DATA / "fashion_test_stats.npz")["floor_sizes"]]
-
-
 @dataclass(frozen=True)
 class Floor:
     """One row of the real-vs-real Fréchet floor table: ``n`` train images vs the test split, mean ± std over
@@ -617,6 +605,10 @@ class ClassifierFiles:
         return [Floor(int(n), float(m), float(d)) for n, m, d in zip(s["floor_sizes"], s["floor_fd"],
                                                                       s["floor_fd_std"])]
 
+    def floor_sizes(self) -> list[int]:
+        """Sample sizes at which the floor is tabulated (those of :meth:`floors`, without the std the table needs)."""
+        return [int(n) for n in self.stats["floor_sizes"]]
+
     def stat(self, key: str) -> int:
         """An integer entry of the statistics file (``floor_repeats``, ``floor_seed``, ``num_test_images``)."""
         return int(self.stats[key])
@@ -650,9 +642,8 @@ def render(page: str) -> str:
                        json_file=json_file, fmt=fmt, checkpoint=TrainingCheckpoint, progress=ProgressResults,
                        worst_class=worst_class, per_class_text=per_class_text, target_misses=target_misses,
                        targets=TARGETS, duration=duration, percentile=percentile,
-                       classifier_accuracy=classifier_accuracy, cosine_alpha_bar_end=cosine_alpha_bar_end,
-                       floor_sizes=floor_sizes, sci=sci, preset=preset, classifier_files=ClassifierFiles,
-                       count_text=count_text)
+                       cosine_alpha_bar_end=cosine_alpha_bar_end, sci=sci, preset=preset,
+                       classifier_files=ClassifierFiles, count_text=count_text)
     # for map(): cands | map(attribute=...) | map("fmt", ".3f")
     env.filters.update(fmt=fmt, preset=preset, count_text=count_text)
     if page not in PAGE_TEMPLATES:

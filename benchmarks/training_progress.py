@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, write_result  # noqa: E402
-from mar_probe.machine import machine  # noqa: E402
+from common import RESULTS, machine, write_result  # noqa: E402
 from pilot_architectures import PilotSettings, evaluate_file  # noqa: E402
 
 NAME = "training_progress"
