@@ -164,8 +164,10 @@ def figure(payload: dict, path: Path) -> Path:
     return path
 
 
-def run_rounds(model, chosen: tuple, args) -> dict:
-    """``args.rounds`` rounds over the strategies (odd rounds reversed); the runs of each strategy by label."""
+def run_rounds(model, chosen: tuple, args, on_round=None) -> dict:
+    """``args.rounds`` rounds over the strategies (odd rounds reversed); the runs of each strategy by label.
+    ``on_round(runs)``, when given, is called after every finished round with the runs so far (complete rounds
+    only), so that a long run can write what it has measured before it is stopped (issue 17)."""
     runs: dict = {c.label: [] for c in chosen}
     for r in range(args.rounds):
         for c in (chosen if r % 2 == 0 else chosen[::-1]):
@@ -174,6 +176,8 @@ def run_rounds(model, chosen: tuple, args) -> dict:
             print(f"round {r} {c.label}: {res['seconds']['end_to_end']:.1f} s (" + ", ".join(
                 f"{c} {res['seconds'][c]:.1f} s / {res['flops'][c] / 1e9:.1f} GFLOPs" for c in COMPONENTS) + ")",
                 flush=True)
+        if on_round is not None:
+            on_round(runs)
     return runs
 
 

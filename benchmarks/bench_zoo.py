@@ -36,6 +36,10 @@ Commands (the full-size run is hours on a CPU; it has not been run yet):
     python benchmarks/bench_zoo.py --device cuda
     # this 2-core CPU: compare's finished (arm, seed) runs kept, so that a stopped run resumes (add --resume)
     python benchmarks/bench_zoo.py --threads 2 --partial runs/zoo_partial
+    # the same in two sessions: the speed part (benchmarks/results/zoo_speed.json, rewritten after every round, so a
+    # stopped run keeps its finished rounds), then the fidelity part, which reads it and writes zoo.{json,md,png}
+    python benchmarks/bench_zoo.py --part speed --threads 1
+    python benchmarks/bench_zoo.py --part fidelity --threads 2 --partial runs/zoo_partial
     # smoke run (the test's): perturbed mar_tiny for both parts, 2 images x seeds 0,1, 4 steps, 1 round (~6 s)
     OMP_NUM_THREADS=1 python benchmarks/bench_zoo.py --quick --threads 1 --out /tmp/zoo
 
@@ -88,6 +92,9 @@ FIXED_OPTS = ("full-b.token_cache=false", "full-b.condition_cache=false", "full-
               "compose-bw-h5.head_interval=5")
 RANK_FILE = RESULTS / "compose_rank.json"
 ROLES = ("registry", "reference", "variant", "composition", "extra")
+# the speed part (hours on mar_base on a CPU) and the fidelity part can run in different sessions: the speed file
+# keeps every finished round (issue 17: nothing lost on interruption)
+PART_CHOICES = ("all", "speed", "fidelity")
 
 
 # ---- arms ------------------------------------------------------------------------------------------------------
@@ -145,17 +152,63 @@ def speed_table(results: dict) -> dict:
     return out
 
 
-def measure_speed(arms, args, device) -> dict:
-    """bench_strategies' rounds over every arm on ``args.preset`` (random weights; ``--quick``: a perturbed
-    mar_tiny) and the ratios of :func:`speed_table`."""
-    model = speed_model(args).to(device).eval()
-    sample(model, [0], num_iter=2, cfg=args.cfg, seed=0)                # warm-up (allocator, kernels)
-    started = time.time()
-    runs = BS.run_rounds(model, arms, args)
+SPEED_SETTINGS = ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed", "rounds", "clock", "threads",
+                  "device")
+
+
+def arm_record(run: StrategyRun) -> dict:
+    """An arm as the speed file records it (label, strategy, options), to check that a later fidelity part
+    measures the same arms."""
+    return {"label": run.label, "name": run.name, "options": dict(run.options)}
+
+
+def speed_result(model, runs: dict, started: float, before: dict) -> dict:
+    """The speed part from the runs of the finished rounds: model, ratios (:func:`speed_table`), rounds done,
+    seconds and the load average before and now."""
     results = {label: BS.summarise(r) for label, r in runs.items()}
     BS.ratios(results)
     return {"model": model.config.name, "weights_sha256": weights_sha256(model), "table": speed_table(results),
-            "seconds": time.time() - started}
+            "rounds_done": len(runs["full"]), "seconds": time.time() - started,
+            "load": {"before": before, "after": BS.load_average()}, "runs": runs}
+
+
+def measure_speed(arms, args, device, on_round=None) -> dict:
+    """bench_strategies' rounds over every arm on ``args.preset`` (random weights; ``--quick``: a perturbed
+    mar_tiny) and the ratios of :func:`speed_table`; ``on_round(result)`` after every finished round."""
+    model = speed_model(args).to(device).eval()
+    sample(model, [0], num_iter=2, cfg=args.cfg, seed=0)                # warm-up (allocator, kernels)
+    started, before = time.time(), BS.load_average()
+    report = None if on_round is None else (lambda runs: on_round(speed_result(model, runs, started, before)))
+    runs = BS.run_rounds(model, arms, args, on_round=report)
+    return speed_result(model, runs, started, before)
+
+
+def write_speed(path: Path, arms, args, command: str, result: dict) -> None:
+    """The speed part on its own (``--part speed``; rewritten after every round, so that a stopped run keeps its
+    finished rounds): the machine, command, settings, arms and the result with every round's raw runs."""
+    payload = {"machine": machine(), "command": command, "arms": [arm_record(r) for r in arms],
+               "settings": {k: getattr(args, k) for k in SPEED_SETTINGS}, **result}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=_json_default))
+    tmp.replace(path)                                                   # never a half-written file
+
+
+def read_speed(path: Path, arms) -> dict:
+    """A speed file written by ``--part speed`` for these arms, or ValueError naming what differs."""
+    if not path.is_file():
+        raise ValueError(f"speed file {str(path)!r} not found; expected the output of --part speed")
+    data = json.loads(path.read_text())
+    want, got = [arm_record(r) for r in arms], data.get("arms")
+    if got != want:
+        missing = [a["label"] for a in want if a not in (got or [])]
+        extra = [a["label"] for a in got or [] if a not in want]
+        raise ValueError(f"speed file {str(path)!r} measured other arms: missing or changed {missing!r}, "
+                         f"not asked for {extra!r}; rerun --part speed with the same arms")
+    if data.get("rounds_done", 0) < 1:
+        raise ValueError(f"speed file {str(path)!r} has no finished round (rounds_done="
+                         f"{data.get('rounds_done')!r}); expected >= 1")
+    return data
 
 
 def perturbed_tiny(seed: int = 1, scale: float = 0.05, **overrides):
@@ -291,14 +344,40 @@ def _opts(row: dict) -> str:
     return row["strategy"] + ("" if not o else " " + " ".join(f"{k}={v}" for k, v in o.items()))
 
 
+def _load(d: dict) -> str:
+    return "/".join("-" if d[k] is None else f"{d[k]:.2f}" for k in ("1min", "5min", "15min"))
+
+
+def _separate_speed(payload: dict) -> str:
+    """Where the speed part ran in another call (``--part speed``), which one, on what and under what load."""
+    sp = payload["speed"]
+    if sp.get("command") in (None, payload["command"]):
+        return ""
+    m, load = sp["machine"], sp["load"]
+    return (f" The speed part ran on its own: `{sp['command']}` on {m['cpu']} ({m['cores']} cores, "
+            f"{m['torch_threads']} torch threads), {m['date']}; load average before {_load(load['before'])}, "
+            f"after {_load(load['after'])}; {sp['seconds']:.0f} s.")
+
+
+def speed_markdown(speed: dict) -> str:
+    """The speed part alone (``--part speed``): end-to-end ratios over full and full-b per arm."""
+    m, table = speed["machine"], speed["table"]
+    lines = [f"Speed part on `{speed['model']}`, {speed['rounds_done']} round(s), {m['cpu']} "
+             f"({m['torch_threads']} torch threads), {speed['seconds']:.0f} s "
+             f"(end to end, median [min, max] over rounds):", "",
+             "| arm | over `full` | over `full-b` | FLOPs over `full` |", "|---|---:|---:|---:|"]
+    for label, row in table.items():
+        a, b = row["over_full"]["end_to_end"], row["over_full_b"]["end_to_end"]
+        lines.append(f"| `{label}` | {a['median']:.2f}x [{a['min']:.2f}, {a['max']:.2f}] | {b['median']:.2f}x "
+                     f"[{b['min']:.2f}, {b['max']:.2f}] | {_x(row['flop_ratio_over_full']['end_to_end'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(payload: dict) -> str:
     s, m, rows = payload["settings"], payload["machine"], payload["arms"]
     lo, hi = payload["load"]["before"], payload["load"]["after"]
     fs = payload["fidelity"]["results"]["settings"]
     sha = payload["weights_sha256"]
-
-    def load(d):
-        return "/".join("-" if d[k] is None else f"{d[k]:.2f}" for k in ("1min", "5min", "15min"))
 
     meets = [k for k, r in rows.items() if r["goal"]["meets"]]
     free = any(r["fidelity"].get("noise_free") for r in rows.values())
@@ -306,13 +385,15 @@ def markdown(payload: dict) -> str:
         f"# The zoo benchmark (issue 17, item 4){' — quick smoke run, not a result' if s['quick'] else ''}", "",
         f"Command: `{payload['command']}`", "",
         f"Machine: {m['cpu']} ({m['cores']} cores, {m['torch_threads']} torch threads, device {s['device']}), "
-        f"{m['date']}; load average before {load(lo)}, after {load(hi)} (1/5/15 min); wall time "
+        f"{m['date']}; load average before {_load(lo)}, after {_load(hi)} (1/5/15 min); wall time "
         f"{payload['seconds']:.0f} s.", "",
         f"Speed: `{payload['speed']['model']}` (random weights{', perturbed' if s['quick'] else ''}, SHA-256 "
         f"`{sha['speed']}`), batch {s['batch']}, "
-        f"{s['num_iter']} steps, CFG {s['cfg']}, {s['num_sampling_steps']} head steps, {s['rounds']} round(s), "
+        f"{s['num_iter']} steps, CFG {s['cfg']}, {s['num_sampling_steps']} head steps, "
+        f"{payload['speed']['rounds_done']} round(s), "
         f"arms interleaved (odd rounds reversed), {s['clock']} clock. Time ratios: the median over rounds of "
-        f"`full`'s (or `full-b`'s) seconds in the same round over the arm's, [min, max] over rounds.", "",
+        f"`full`'s (or `full-b`'s) seconds in the same round over the arm's, [min, max] over rounds."
+        + _separate_speed(payload), "",
         f"Fidelity: `{payload['fidelity']['results']['model']}` (SHA-256 `{sha['fidelity']}`), {fs['num_samples']} "
         f"images x seeds {fs['seeds']}, {fs['num_iter']} steps, CFG {fs['cfg']} ({fs['cfg_schedule']}), temperature "
         f"{fs['temperature']}; PSNR against `full` image by image, its difference to `lazymar`'s image by image, "
@@ -450,8 +531,8 @@ def draw(payload: dict):
     ax.set_xlabel(f"end-to-end speed-up on {payload['speed']['model']} (x, time ratio, median over rounds; "
                   f"bars: min-max over rounds)")
     ax.set_ylabel("paired PSNR against full (dB; bars: 95% interval)")
-    s, fs = payload["settings"], payload["fidelity"]["results"]["settings"]
-    ax.set_title(f"speed ({payload['speed']['model']}, {s['num_iter']} steps, {s['rounds']} round(s)) vs fidelity "
+    s, fs, sp = payload["settings"], payload["fidelity"]["results"]["settings"], payload["speed"]
+    ax.set_title(f"speed ({sp['model']}, {s['num_iter']} steps, {sp['rounds_done']} round(s)) vs fidelity "
                  f"({payload['fidelity']['results']['model']}, {fs['num_samples']} images x {len(fs['seeds'])} "
                  f"seeds)", fontsize="medium")
     handles = [Line2D([], [], marker="o", color="0.3", ls="none", label="over full"),
@@ -504,6 +585,12 @@ def main(argv=None):
     p.add_argument("--strategies", default="", help="extra arms, comma-separated LABEL=NAME")
     p.add_argument("--strategy-opt", action="append", default=[], metavar="LABEL.KEY=VALUE",
                    help="option of an extra arm, repeatable")
+    p.add_argument("--part", choices=PART_CHOICES, default="all",
+                   help="all (default): speed, then fidelity; speed: only the speed part, written to --speed-file "
+                        "after every round; fidelity: only the fidelity part, with the speed part read from "
+                        "--speed-file (the same arms), then the combined results")
+    p.add_argument("--speed-file", help="the speed part's file (default: OUT/zoo_speed.json; zoo_quick_speed.json "
+                                        "with --quick)")
     p.add_argument("--partial", help="folder keeping compare's finished (arm, seed) runs")
     p.add_argument("--resume", action="store_true", help="reuse the runs in --partial")
     p.add_argument("--noise-free", action="store_true",
@@ -536,28 +623,39 @@ def main(argv=None):
     except ValueError as exc:
         p.error(str(exc))
     command = " ".join(["python", "benchmarks/bench_zoo.py"] + argv)
+    out = Path(args.out) if args.out else RESULTS
+    stem = "zoo" + ("_quick" if args.quick else "")
+    speed_file = Path(args.speed_file) if args.speed_file else out / f"{stem}_speed.json"
     print(f"{len(arms)} arms: " + ", ".join(r.label for r in arms), flush=True)
     started, before = time.time(), BS.load_average()
-    speed = measure_speed(arms, args, device)
+    if args.part == "fidelity":
+        try:
+            speed = read_speed(speed_file, arms)
+        except ValueError as exc:
+            p.error(f"--part fidelity: {exc}")
+    else:
+        def save(result):
+            write_speed(speed_file, arms, args, command, result)
+        measure_speed(arms, args, device, on_round=save)
+        speed = read_speed(speed_file, arms)
+        if args.part == "speed":
+            print(speed_markdown(speed))
+            return speed
     fidelity = measure_fidelity(arms, args, device, command)
     if args.noise_free:
         fidelity["noise_free"] = measure_noise_free(arms, args, device)
-    settings = {k: getattr(args, k) for k in ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed",
-                                              "rounds", "clock", "threads", "device", "num_samples", "seeds",
-                                              "fidelity_iter", "rank", "strategies", "strategy_opt", "noise_free",
-                                              "quick")}
-    if args.quick:
-        settings["preset"] = speed["model"] + " (perturbed, quick)"
-    payload = {"machine": machine(), "command": command, "settings": settings,
+    settings = {k: getattr(args, k) for k in ("num_samples", "seeds", "fidelity_iter", "rank", "strategies",
+                                              "strategy_opt", "noise_free", "quick")}
+    payload = {"machine": machine(), "command": command, "settings": {**speed["settings"], **settings},
                "load": {"before": before, "after": BS.load_average()}, "seconds": time.time() - started,
                "goal": GOAL, "weights_sha256": {"speed": speed["weights_sha256"],
                                                 "fidelity": fidelity["results"]["weights_sha256"]},
-               "speed": {k: v for k, v in speed.items() if k != "table"}, "fidelity": fidelity,
-               "arms": combine(arms, roles, speed, fidelity)}
+               "speed": {k: v for k, v in speed.items() if k not in ("table", "runs", "arms")},
+               "fidelity": fidelity, "arms": combine(arms, roles, speed, fidelity)}
+    if args.quick:
+        payload["settings"]["preset"] = speed["model"] + " (perturbed, quick)"
     payload["meets_goal"] = [k for k, r in payload["arms"].items() if r["goal"]["meets"]]
-    out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    stem = "zoo" + ("_quick" if args.quick else "")
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=2, default=_json_default))
     (out / f"{stem}.md").write_text(markdown(payload))
     import matplotlib.pyplot as plt

@@ -115,3 +115,66 @@ def test_figure_is_written_and_passes_the_lint(zoo):
         check_figure(fig, "zoo figure")
     finally:
         plt.close(fig)
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    """The zoo in two calls, as two sessions would run it: --part speed, then --part fidelity."""
+    out = tmp_path_factory.mktemp("zoo_split")
+    speed = Z.main(["--quick", "--threads", "1", "--part", "speed", "--out", str(out)])
+    payload = Z.main(["--quick", "--threads", "1", "--part", "fidelity", "--out", str(out)])
+    return speed, payload, out
+
+
+def test_speed_part_alone_then_fidelity_gives_the_combined_result(split):
+    speed, payload, out = split
+    written = json.loads((out / "zoo_quick_speed.json").read_text())
+    assert written["rounds_done"] == 1 and written["command"].endswith("--part speed --out " + str(out))
+    assert [a["label"] for a in written["arms"]] == list(payload["arms"])
+    for label, row in payload["arms"].items():            # the fidelity call's rows carry the speed file's numbers
+        assert row["speed"] == written["table"][label]
+    assert payload["speed"]["command"] == written["command"] != payload["command"]
+    assert "runs" not in payload["speed"] and len(written["runs"]["full"]) == 1
+    md = (out / "zoo_quick.md").read_text()
+    assert "The speed part ran on its own: `" + written["command"] + "`" in md
+    assert set(payload["fidelity"]["results"]["strategies"]) == set(payload["arms"])
+
+
+def test_fidelity_part_refuses_a_speed_file_of_other_arms(split, capsys):
+    _, _, out = split
+    with pytest.raises(SystemExit):
+        Z.main(["--quick", "--threads", "1", "--part", "fidelity", "--out", str(out), "--strategies", "again=full"])
+    err = capsys.readouterr().err
+    assert "measured other arms" in err and "'again'" in err and "rerun --part speed" in err
+    with pytest.raises(SystemExit):
+        Z.main(["--quick", "--part", "fidelity", "--speed-file", str(out / "nothing.json")])
+    assert "nothing.json" in capsys.readouterr().err
+
+
+def test_speed_file_is_rewritten_after_every_round(monkeypatch, tmp_path):
+    """A stopped run keeps its finished rounds: run_rounds reports each complete round, and the file written then
+    reads back with that many rounds; a file with none is refused."""
+    import types
+
+    import bench_strategies as BS
+    from mar_probe.compare import StrategyRun
+    arms = (StrategyRun(label="full", name="full"), StrategyRun(label="lazymar", name="lazymar"))
+    calls = iter(range(1, 100))
+
+    def fake_run(model, run, args):
+        t = float(next(calls))
+        return {"strategy": {"name": run.name}, "steps": 4, "flops": dict.fromkeys(Z.PARTS, 1.0),
+                "seconds": dict.fromkeys(Z.PARTS, t), "flops_by_kind": {}}
+    monkeypatch.setattr(BS, "run_one", fake_run)
+    seen = []
+    BS.run_rounds(None, arms, types.SimpleNamespace(rounds=3),
+                  on_round=lambda runs: seen.append([len(v) for v in runs.values()]))
+    assert seen == [[1, 1], [2, 2], [3, 3]]
+    args = types.SimpleNamespace(**{k: 0 for k in Z.SPEED_SETTINGS})
+    Z.write_speed(tmp_path / "s.json", arms, args, "cmd", {"rounds_done": 2, "table": {}})
+    assert Z.read_speed(tmp_path / "s.json", arms)["rounds_done"] == 2
+    Z.write_speed(tmp_path / "s.json", arms, args, "cmd", {"rounds_done": 0, "table": {}})
+    with pytest.raises(ValueError, match="no finished round"):
+        Z.read_speed(tmp_path / "s.json", arms)
+    with pytest.raises(ValueError, match=r"missing or changed \['lazymar'\]"):
+        Z.read_speed(tmp_path / "s.json", (arms[0], StrategyRun(label="lazymar", name="marche")))
