@@ -74,6 +74,7 @@ import torch
 import bench_strategies as BS
 from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, load_model, sample, strategies
+from mar_probe.engine import RNG_MODES
 from mar_probe.compare import CompareConfig, StrategyRun, _json_default, compare, parse_runs
 from mar_probe.models.checkpoints import create_perturbed_model, resolve_device
 from mar_probe.probe.record import weights_sha256
@@ -240,7 +241,7 @@ def measure_fidelity(arms, args, device, command: str) -> dict:
     model = fidelity_model(args, device).eval()
     config = CompareConfig(runs=arms, num_samples=args.num_samples, seeds=tuple(args.seeds),
                            num_iter=args.fidelity_iter, batch_size=min(args.num_samples, args.fidelity_batch),
-                           grid_images=0, paired_against=AGAINST)
+                           grid_images=0, paired_against=AGAINST, rng=args.rng)
     started = time.time()
     result = compare(model, config, progress=args.progress, partial=args.partial, resume=args.resume,
                      command=command)
@@ -359,6 +360,20 @@ def _separate_speed(payload: dict) -> str:
             f"after {_load(load['after'])}; {sp['seconds']:.0f} s.")
 
 
+def _schedule_note(sched: list, rng: str, free: bool) -> str:
+    """What the paired protocol means for arms with a head-step schedule under the fidelity part's rng mode."""
+    arms = "Arms with a head-step schedule (" + ", ".join(f"`{k}`" for k in sched) + "): "
+    if rng == "stepwise":
+        return arms + ("the fidelity part samples with `rng=stepwise` (each step's head noise from generators of "
+                       "its own), so every step starts from `full`'s initial noise and the paired protocol judges "
+                       "their approximation.")
+    return arms + ("the engine draws the head's noise from one stream, so their paired images are new samples and "
+                   "the paired protocol judges them below lazymar by construction (docs/strategies.md, \"Ranking "
+                   "the compositions\"; `--rng stepwise` pairs them)" +
+                   ("; the noise-free column judges the approximation alone." if free else
+                    "; `--noise-free` adds bench_compose's noise-free protocol."))
+
+
 def speed_markdown(speed: dict) -> str:
     """The speed part alone (``--part speed``): end-to-end ratios over full and full-b per arm."""
     m, table = speed["machine"], speed["table"]
@@ -396,7 +411,8 @@ def markdown(payload: dict) -> str:
         + _separate_speed(payload), "",
         f"Fidelity: `{payload['fidelity']['results']['model']}` (SHA-256 `{sha['fidelity']}`), {fs['num_samples']} "
         f"images x seeds {fs['seeds']}, {fs['num_iter']} steps, CFG {fs['cfg']} ({fs['cfg_schedule']}), temperature "
-        f"{fs['temperature']}; PSNR against `full` image by image, its difference to `lazymar`'s image by image, "
+        f"{fs['temperature']}, rng `{fs['rng']}`; PSNR against `full` image by image, its difference to "
+        f"`lazymar`'s image by image, "
         f"Fréchet distance minus `full`'s seed by seed; 95% t-intervals (`*`: clipped to the metric's range).", "",
         "| arm | end to end over `full` | over `full-b` | FLOPs over `full` | over `full-b` | transformer | head "
         "| PSNR vs `full` dB | PSNR - `lazymar` dB | FD - `full` |" + (" noise-free PSNR - `lazymar` dB |" if free
@@ -423,11 +439,7 @@ def markdown(payload: dict) -> str:
         lines.append("Fast enough but not shown at lazymar's fidelity: " + ", ".join(f"`{k}`" for k in near) + ".")
     sched = [k for k, r in rows.items() if r.get("head_schedule")]
     if sched:
-        lines.append("Arms with a head-step schedule (" + ", ".join(f"`{k}`" for k in sched) + "): the engine draws "
-                     "the head's noise from one stream, so their paired images are new samples and the paired "
-                     "protocol judges them below lazymar by construction (docs/strategies.md, \"Ranking the "
-                     "compositions\")" + ("; the noise-free column judges the approximation alone." if free else
-                                          "; `--noise-free` adds bench_compose's noise-free protocol."))
+        lines.append(_schedule_note(sched, fs["rng"], free))
     lines += ["", "Per part (median time ratio over `full` / over `full-b`; FLOP ratio over `full`):", "",
               "| arm | " + " | ".join(PARTS) + " |", "|---|" + "---:|" * len(PARTS)]
     for label, r in rows.items():
@@ -591,6 +603,9 @@ def main(argv=None):
                         "--speed-file (the same arms), then the combined results")
     p.add_argument("--speed-file", help="the speed part's file (default: OUT/zoo_speed.json; zoo_quick_speed.json "
                                         "with --quick)")
+    p.add_argument("--rng", choices=RNG_MODES, default="stepwise",
+                   help="random-number layout of the fidelity part (default stepwise: each step's head noise from "
+                        "its own generators, so that arms with a head-step schedule are paired with full's noise)")
     p.add_argument("--partial", help="folder keeping compare's finished (arm, seed) runs")
     p.add_argument("--resume", action="store_true", help="reuse the runs in --partial")
     p.add_argument("--noise-free", action="store_true",
@@ -644,7 +659,7 @@ def main(argv=None):
     fidelity = measure_fidelity(arms, args, device, command)
     if args.noise_free:
         fidelity["noise_free"] = measure_noise_free(arms, args, device)
-    settings = {k: getattr(args, k) for k in ("num_samples", "seeds", "fidelity_iter", "rank", "strategies",
+    settings = {k: getattr(args, k) for k in ("num_samples", "seeds", "fidelity_iter", "rng", "rank", "strategies",
                                               "strategy_opt", "noise_free", "quick")}
     payload = {"machine": machine(), "command": command, "settings": {**speed["settings"], **settings},
                "load": {"before": before, "after": BS.load_average()}, "seconds": time.time() - started,

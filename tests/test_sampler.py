@@ -43,13 +43,50 @@ def test_branch_layout_and_cfg_scale(trained_like_tiny):
     assert float(st.cfg_iter) == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.mark.parametrize("rng", ["own", "official"])
+@pytest.mark.parametrize("rng", ["own", "official", "stepwise"])
 def test_deterministic_per_seed(trained_like_tiny, rng):
     a = sample(trained_like_tiny, [1, 5, 9], num_iter=6, cfg=3.0, seed=7, rng=rng)
     b = sample(trained_like_tiny, [1, 5, 9], num_iter=6, cfg=3.0, seed=7, rng=rng)
     c = sample(trained_like_tiny, [1, 5, 9], num_iter=6, cfg=3.0, seed=8, rng=rng)
     assert torch.equal(a.tokens, b.tokens) and np.array_equal(a.images, b.images)
     assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_stepwise_rng_gives_each_step_a_stream_of_its_own():
+    """rng='stepwise': after begin_step(k) the head's generators are a function of (seed, k) alone, whatever was
+    drawn before; x_T's generator is not the reverse steps'; 'own' keeps one stream across steps."""
+    from mar_probe.engine.loop import SampleRNG
+    a, b = SampleRNG.create(4, "stepwise", torch.device("cpu")), SampleRNG.create(4, "stepwise", torch.device("cpu"))
+    a.begin_step(0)
+    torch.randn(1000, generator=a.noise), torch.randn(7, generator=a.init_noise)   # a draws more at step 0
+    a.begin_step(3)
+    b.begin_step(3)
+    x_a, x_b = torch.randn(5, generator=a.init_noise), torch.randn(5, generator=b.init_noise)
+    assert torch.equal(x_a, x_b) and torch.equal(torch.randn(5, generator=a.noise), torch.randn(5, generator=b.noise))
+    b.begin_step(3)
+    assert not torch.equal(torch.randn(5, generator=b.noise), x_b)                # two generators, not one
+    b.begin_step(4)
+    assert not torch.equal(torch.randn(5, generator=b.init_noise), x_b)           # another step, another stream
+    own = SampleRNG.create(4, "own", torch.device("cpu"))
+    first = torch.randn(5, generator=own.noise)
+    own.begin_step(1)
+    assert own.init_noise is own.noise and not torch.equal(torch.randn(5, generator=own.noise), first)
+
+
+def test_stepwise_rng_pairs_a_head_step_schedule_with_full(trained_like_tiny):
+    """The reason for 'stepwise' (issue 17): disa draws fewer reverse-step noises, so with one stream ('own') its
+    images are new samples (as far from full as another seed's), with a stream per step they approximate full's."""
+    from mar_probe.strategies import create
+
+    def mse(rng, strategy=None, seed=0):
+        full = sample(trained_like_tiny, list(range(6)), num_iter=6, cfg=2.0, seed=0, rng=rng)
+        other = sample(trained_like_tiny, list(range(6)), num_iter=6, cfg=2.0, seed=seed, rng=rng, strategy=strategy)
+        return float(((full.tokens - other.tokens) ** 2).mean())
+    own, step = mse("own", create("disa")), mse("stepwise", create("disa"))
+    other_seed = mse("stepwise", seed=1)
+    assert own > 0.6 * other_seed                      # one stream: about another seed's distance
+    assert step < 0.5 * own and step < 0.5 * other_seed
+    assert mse("stepwise") == 0.0                      # and full against itself stays exact
 
 
 def test_no_global_rng_touched(trained_like_tiny):

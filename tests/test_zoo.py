@@ -46,6 +46,10 @@ def test_every_registered_strategy_and_the_compositions_are_arms(zoo):
     assert arms["lazymar"]["fidelity"]["noise_free"]["psnr_vs_lazymar"]["mean"] == 0
     assert arms["lazymar"]["fidelity"]["psnr_vs_lazymar"]["mean"] == 0
     assert arms["disa"]["head_schedule"] and not arms["lazymar"]["head_schedule"]
+    # head-step schedules are paired by a noise stream per step (the default), and the page says so
+    assert fid["settings"]["rng"] == "stepwise" and "rng `stepwise`" in md
+    assert "samples with `rng=stepwise`" in md and "new samples" not in md
+    assert "new samples" in Z._schedule_note(["disa"], "own", False)
 
 
 def test_ratios_over_full_b_are_ratios_over_full_divided_by_full_b(zoo):

@@ -26,7 +26,7 @@ from ..models.checkpoints import SAMPLING_KEYS
 from ..models.diffusion import parse_spacing
 
 CFG_SCHEDULES = ("linear", "constant")
-RNG_MODES = ("own", "official")
+RNG_MODES = ("own", "official", "stepwise")  # loop.SampleRNG says what each draws
 # main_mar.py's argparse defaults: --num_iter 64, --cfg 1.0, --cfg_schedule linear, --temperature 1.0
 OFFICIAL = {"num_iter": 64, "cfg": 1.0, "cfg_schedule": "linear", "temperature": 1.0}
 
@@ -60,16 +60,18 @@ class SamplingConfig:
     head_steps : str, optional
         Diffusion steps of the head's reverse process (``num_sampling_steps``, e.g. ``"100"``; default: the
         model's).
-    rng : {"own", "official"}
+    rng : {"own", "official", "stepwise"}
         ``"official"`` consumes random numbers exactly as the official code after
-        ``np.random.seed(seed); torch.manual_seed(seed)``; ``"own"`` uses the run's own generators.
+        ``np.random.seed(seed); torch.manual_seed(seed)``; ``"own"`` uses the run's own generators;
+        ``"stepwise"`` gives the head's noise of each step generators of their own, so that strategies that draw
+        different amounts of noise (head-step schedules) still share every step's initial noise (issue 17).
     """
     num_iter: int | None = None
     cfg: float | None = None
     cfg_schedule: Literal["linear", "constant"] | None = None
     temperature: float | None = None
     head_steps: str | None = None
-    rng: Literal["own", "official"] = "own"
+    rng: Literal["own", "official", "stepwise"] = "own"
 
     def __post_init__(self):
         if self.head_steps is not None and not isinstance(self.head_steps, str):
