@@ -581,7 +581,7 @@ def _seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def main(argv=None):
+def parser():
     p = bench_parser(__doc__)
     p.add_argument("--rounds", type=int, default=2, help="speed rounds over all arms (default 2)")
     p.add_argument("--clock", choices=sorted(BS.CLOCKS), default="wall")
@@ -615,8 +615,12 @@ def main(argv=None):
                         "1 round")
     p.add_argument("--out", help="output folder (default: benchmarks/results)")
     p.add_argument("--progress", action="store_true")
+    return p
+
+
+def checked_args(p, argv):
+    """Parsed arguments with --quick's settings applied and every cross-argument rule checked (``p.error``)."""
     args = p.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else list(argv)
     if args.quick:
         args.num_iter, args.num_sampling_steps, args.fidelity_iter, args.rounds = 4, "5", 4, 1
         args.num_samples, args.seeds = 2, [0, 1]
@@ -626,39 +630,26 @@ def main(argv=None):
         p.error(f"--clock cpu needs --threads 1, got {args.threads!r}")
     if args.resume and not args.partial:
         p.error("--resume needs --partial FOLDER")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        device = resolve_device(args.device)
-    except ValueError as exc:
-        p.error(f"--device: {exc}")
-    Timer.clock = staticmethod(BS.CLOCKS[args.clock])
-    try:
-        arms, roles = zoo_arms(args.rank or None, args.strategies, args.strategy_opt)
-    except ValueError as exc:
-        p.error(str(exc))
-    command = " ".join(["python", "benchmarks/bench_zoo.py"] + argv)
-    out = Path(args.out) if args.out else RESULTS
-    stem = "zoo" + ("_quick" if args.quick else "")
-    speed_file = Path(args.speed_file) if args.speed_file else out / f"{stem}_speed.json"
-    print(f"{len(arms)} arms: " + ", ".join(r.label for r in arms), flush=True)
-    started, before = time.time(), BS.load_average()
+    return args
+
+
+def speed_part(p, arms, args, device, command: str, speed_file: Path) -> dict:
+    """The speed part: read from ``speed_file`` (``--part fidelity``) or measured, the file rewritten after every
+    round."""
     if args.part == "fidelity":
         try:
-            speed = read_speed(speed_file, arms)
+            return read_speed(speed_file, arms)
         except ValueError as exc:
             p.error(f"--part fidelity: {exc}")
-    else:
-        def save(result):
-            write_speed(speed_file, arms, args, command, result)
-        measure_speed(arms, args, device, on_round=save)
-        speed = read_speed(speed_file, arms)
-        if args.part == "speed":
-            print(speed_markdown(speed))
-            return speed
-    fidelity = measure_fidelity(arms, args, device, command)
-    if args.noise_free:
-        fidelity["noise_free"] = measure_noise_free(arms, args, device)
+
+    def save(result):
+        write_speed(speed_file, arms, args, command, result)
+    measure_speed(arms, args, device, on_round=save)
+    return read_speed(speed_file, arms)
+
+
+def zoo_payload(arms, roles, args, speed: dict, fidelity: dict, command: str, started: float, before: dict) -> dict:
+    """Both parts, the rows of :func:`combine` and the arms that meet the goal, as zoo.json holds them."""
     settings = {k: getattr(args, k) for k in ("num_samples", "seeds", "fidelity_iter", "rng", "rank", "strategies",
                                               "strategy_opt", "noise_free", "quick")}
     payload = {"machine": machine(), "command": command, "settings": {**speed["settings"], **settings},
@@ -670,16 +661,51 @@ def main(argv=None):
     if args.quick:
         payload["settings"]["preset"] = speed["model"] + " (perturbed, quick)"
     payload["meets_goal"] = [k for k, r in payload["arms"].items() if r["goal"]["meets"]]
+    return payload
+
+
+def write_outputs(payload: dict, out: Path, stem: str) -> None:
+    """zoo.json, zoo.md and zoo.png (the figure checked by the lint first)."""
+    import matplotlib.pyplot as plt
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=2, default=_json_default))
     (out / f"{stem}.md").write_text(markdown(payload))
-    import matplotlib.pyplot as plt
     fig = draw(payload)
-    problems = lint(fig)
-    for problem in problems or ():
+    for problem in lint(fig) or ():
         warnings.warn(f"zoo figure: {problem}", stacklevel=1)
     fig.savefig(out / f"{stem}.png", dpi=100)
     plt.close(fig)
+
+
+def main(argv=None):
+    p = parser()
+    args = checked_args(p, argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        p.error(f"--device: {exc}")
+    try:
+        arms, roles = zoo_arms(args.rank or None, args.strategies, args.strategy_opt)
+    except ValueError as exc:
+        p.error(str(exc))
+    Timer.clock = staticmethod(BS.CLOCKS[args.clock])
+    command = " ".join(["python", "benchmarks/bench_zoo.py"] + argv)
+    out = Path(args.out) if args.out else RESULTS
+    stem = "zoo" + ("_quick" if args.quick else "")
+    print(f"{len(arms)} arms: " + ", ".join(r.label for r in arms), flush=True)
+    started, before = time.time(), BS.load_average()
+    speed = speed_part(p, arms, args, device, command, Path(args.speed_file or out / f"{stem}_speed.json"))
+    if args.part == "speed":
+        print(speed_markdown(speed))
+        return speed
+    fidelity = measure_fidelity(arms, args, device, command)
+    if args.noise_free:
+        fidelity["noise_free"] = measure_noise_free(arms, args, device)
+    payload = zoo_payload(arms, roles, args, speed, fidelity, command, started, before)
+    write_outputs(payload, out, stem)
     print(markdown(payload))
     return payload
 
