@@ -10,12 +10,17 @@ and ``lazymar`` sample the same labels and seeds for their paired fidelity again
 
 writes ``benchmarks/results/training_stages.{csv,json,png}``: one row per (stage, quantity) with the mean, its
 95% t-interval over samples (images for the fidelity rows) and n. ``init:PRESET`` is the preset's random
-initialisation exactly as ``mar-probe train`` draws it (seed 0).
+initialisation exactly as ``mar-probe train`` draws it (seed 0); ``git:REV:PATH`` a checkpoint as commit REV
+held it (every training phase commits its weights, so a stage outlives the machine that trained it):
+
+    python benchmarks/training_stages.py --stage init=init:fashion_b128 \\
+        --stage phase1=git:9bcf235:data/training/fashion_b128.pth --stage latest=data/training/fashion_b128.pth
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine  # noqa: E402
 
 NAME = "training_stages"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +51,23 @@ class StageSettings:
     k: int
 
 
-def load_stage(spec: str):
-    """``init:PRESET`` (the training run's random initialisation) or a checkpoint path -> (model, path or None)."""
+def committed_checkpoint(rev_path: str, folder: Path) -> Path:
+    """``REV:PATH`` of this repository (a checkpoint as an earlier commit held it: each training phase commits
+    the weights, so every stage stays reachable after the machine that trained it is gone) -> a file in
+    ``folder``."""
+    got = subprocess.run(["git", "show", rev_path], cwd=ROOT, capture_output=True, check=False)
+    if got.returncode != 0:
+        raise ValueError(f"git show {rev_path!r} failed ({got.stderr.decode().strip()}); expected REV:PATH of a "
+                         f"committed checkpoint, e.g. 9bcf235:data/training/fashion_b128.pth")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "committed.pth"
+    path.write_bytes(got.stdout)
+    return path
+
+
+def load_stage(spec: str, folder: Path):
+    """``init:PRESET`` (the training run's random initialisation), ``git:REV:PATH`` (a committed checkpoint,
+    written to ``folder``) or a checkpoint path -> (model, checkpoint path or None)."""
     import torch
 
     from mar_probe.models import MAR, preset_config
@@ -54,7 +75,8 @@ def load_stage(spec: str):
     if spec.startswith("init:"):
         torch.manual_seed(0)  # as mar_probe.train.train draws the initial weights
         return MAR(preset_config(spec[len("init:"):])).eval(), None
-    return load_model(spec), spec
+    path = committed_checkpoint(spec[len("git:"):], folder) if spec.startswith("git:") else spec
+    return load_model(path), str(path)
 
 
 def _row(stage: str, quantity: str, r) -> dict:
@@ -93,7 +115,7 @@ def study_stage(stage: str, model, checkpoint, out: Path, s: StageSettings) -> l
     cfg = StudyConfig(out=str(out), samples_per_seed=s.samples_per_seed, seeds=s.seeds, num_iter=s.num_iter,
                       cfg=s.cfg, temperature=s.temperature, layer=s.layer, k=s.k)
     out.mkdir(parents=True, exist_ok=True)
-    ds = open_runs(_record_all(model, cfg, out, checkpoint, progress=True))
+    ds = open_runs(_record_all(model, cfg, checkpoint, progress=True))
     table, skipped = run_summary(ds, layer=s.layer, lazymar_layer=s.lazymar_layer, k=s.k)
     if skipped:
         raise SystemExit(f"stage {stage!r}: summary sections skipped: {skipped!r}")
@@ -118,7 +140,7 @@ def measure_stage(name: str, spec: str, out: Path, s: StageSettings) -> tuple[li
     """One stage's rows, reused from ``out/rows.json`` when the same weights were measured with the same settings
     (so stages can be measured in separate calls, e.g. while a later stage still trains)."""
     from mar_probe.probe.record import weights_sha256
-    model, checkpoint = load_stage(spec)
+    model, checkpoint = load_stage(spec, out)
     source = {"source": spec, "weights_sha256": weights_sha256(model)}
     cache = out / "rows.json"
     key = {"source": source, "settings": s.__dict__}
@@ -184,7 +206,7 @@ def plot(frame: pd.DataFrame, stages: list[str], path: Path) -> Path:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", action="append", required=True, metavar="NAME=init:PRESET|PATH")
+    p.add_argument("--stage", action="append", required=True, metavar="NAME=init:PRESET|git:REV:PATH|PATH")
     p.add_argument("--samples-per-seed", type=int, default=10)
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--compare-samples", type=int, default=10)
@@ -196,7 +218,9 @@ def main(argv=None) -> int:
     p.add_argument("--lazymar-layer", type=int, default=3)
     p.add_argument("--k", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="runs/stages")
+    p.add_argument("--out", default="runs/stages", help="the stages' stores and rows (default runs/stages)")
+    p.add_argument("--results", default=str(RESULTS), help="where training_stages.{csv,json,png} go "
+                                                         "(default benchmarks/results)")
     args = p.parse_args(argv)
     import torch
     torch.set_num_threads(args.threads)
@@ -209,17 +233,21 @@ def main(argv=None) -> int:
     rows, seconds, sources = [], {}, {}
     for name, spec in stages.items():
         t0 = time.time()
-        stage_rows, sources[name] = measure_stage(name, spec, Path(args.out) / name, s)
+        try:
+            stage_rows, sources[name] = measure_stage(name, spec, Path(args.out) / name, s)
+        except ValueError as exc:
+            p.error(f"--stage {name}={spec}: {exc}")
         rows += stage_rows
         seconds[name] = time.time() - t0
     frame = pd.DataFrame(rows)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(RESULTS / f"{NAME}.csv", index=False)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(results / f"{NAME}.csv", index=False)
     command = "python benchmarks/training_stages.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    (RESULTS / f"{NAME}.json").write_text(json.dumps(
+    (results / f"{NAME}.json").write_text(json.dumps(
         {"command": command, "machine": machine(), "settings": s.__dict__, "stages": sources,
          "seconds": seconds, "rows": rows}, indent=2))
-    plot(frame, list(stages), RESULTS / f"{NAME}.png")
+    plot(frame, list(stages), results / f"{NAME}.png")
     print(frame.to_string(index=False))
     return 0
 

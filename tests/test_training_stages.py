@@ -1,0 +1,58 @@
+"""benchmarks/training_stages.py (issue 14, item 4) end to end on small models: every headline quantity per stage, a
+stage read from a committed checkpoint (git:REV:PATH) with its weights' SHA-256, rows reused on a second call, and
+a bad stage refused with what was expected. (It broke once unnoticed when study's recorder changed its arguments.)"""
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import training_stages as TS  # noqa: E402
+
+SMALL = ["--samples-per-seed", "2", "--compare-samples", "2", "--num-iter", "4", "--seeds", "0",
+         "--compare-seeds", "0", "--layer", "0", "--lazymar-layer", "1", "--k", "4", "--threads", "1"]
+QUANTITIES = 11
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory):
+    out, results = tmp_path_factory.mktemp("stages"), tmp_path_factory.mktemp("stage_results")
+    argv = ["--stage", "init=init:mar_tiny", "--stage", "shipped=git:HEAD:data/fashion_small.pth", *SMALL,
+            "--out", str(out), "--results", str(results)]
+    assert TS.main(argv) == 0
+    return argv, out, results
+
+
+def test_every_quantity_for_every_stage_and_the_committed_weights(stages):
+    from mar_probe.models.checkpoints import load_model
+    from mar_probe.probe.record import weights_sha256
+    _, _, results = stages
+    frame = pd.read_csv(results / "training_stages.csv")
+    assert frame.groupby("stage").size().to_dict() == {"init": QUANTITIES, "shipped": QUANTITIES}
+    assert (frame["lo"] <= frame["mean"]).all() and (frame["mean"] <= frame["hi"]).all()
+    data = json.loads((results / "training_stages.json").read_text())
+    assert data["stages"]["shipped"]["source"] == "git:HEAD:data/fashion_small.pth"
+    assert data["stages"]["shipped"]["weights_sha256"] == weights_sha256(load_model(ROOT / "data/fashion_small.pth"))
+    init = frame[frame["stage"] == "init"].set_index("quantity")["mean"]
+    assert init["marche PSNR vs full (dB)"] == 100.0          # zero head at init: every strategy's image is full's
+    assert (results / "training_stages.png").stat().st_size > 10_000
+
+
+def test_a_second_call_reuses_the_rows(stages):
+    argv, out, results = stages
+    before = {p: p.stat().st_mtime_ns for p in out.glob("*/rows.json")}
+    first = pd.read_csv(results / "training_stages.csv")
+    assert TS.main(argv) == 0
+    assert len(before) == 2 and {p: p.stat().st_mtime_ns for p in out.glob("*/rows.json")} == before
+    pd.testing.assert_frame_equal(pd.read_csv(results / "training_stages.csv"), first)
+
+
+def test_a_stage_that_git_cannot_show_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        TS.main(["--stage", "x=git:HEAD:data/nothing.pth", *SMALL, "--out", str(tmp_path),
+                 "--results", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "--stage x=git:HEAD:data/nothing.pth" in err and "expected REV:PATH of a committed checkpoint" in err
