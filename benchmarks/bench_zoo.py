@@ -58,7 +58,7 @@ committed timings on this CPU instead:
   ``marche`` 145-157, ``fewer-steps`` 99, ``compose-b`` 86-93, the oracle 156; the rest scaled as above): about
   1,750 s per seed, so 3 seeds ~90 min.
 * in all ~2.7 h on the idle machine, 2.5-3.5 h with load. Measured since: one speed round at ONE thread beside
-  training on the other core took about twice the estimate (``seconds`` in ``zoo_speed.json``; ``full`` about twice
+  training on the other core took more than twice the estimate (``seconds`` in ``zoo_speed.json``; ``full`` about twice
   its 2-thread time), so at one thread plan a session per speed round. On a GPU the same runs are seconds each:
   minutes in all (not measured: no GPU was available when this was written).
 """
