@@ -100,7 +100,7 @@ def test_resolve_fills_in_order_and_round_trips(tiny_model):
     (dict(cfg=0.5), "cfg must be a finite number >= 1, got 0.5"),
     (dict(temperature=0.0), "temperature must be a finite number > 0, got 0.0"),
     (dict(cfg_schedule="cosine"), "unknown cfg_schedule 'cosine'; expected one of \\('linear', 'constant'\\)"),
-    (dict(rng="numpy"), "unknown rng mode 'numpy'; expected one of \\('own', 'official'\\)"),
+    (dict(rng="numpy"), "unknown rng mode 'numpy'; expected one of \\('own', 'official', 'stepwise'\\)"),
     (dict(head_steps=" "), "head steps must be a count such as '100' or per-section counts such as '25,25', got ' '"),
     (dict(head_steps="ddim5"), "head steps must be a count such as '100'"),
 ])
