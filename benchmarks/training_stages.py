@@ -111,11 +111,11 @@ def summary_rows(stage: str, table: pd.DataFrame, s: StageSettings) -> list[dict
 
 def study_stage(stage: str, model, checkpoint, out: Path, s: StageSettings) -> list[dict]:
     from mar_probe.analysis import open_runs, run_summary
-    from mar_probe.study import StudyConfig, _record_all
+    from mar_probe.study import StudyConfig, record_stores
     cfg = StudyConfig(out=str(out), samples_per_seed=s.samples_per_seed, seeds=s.seeds, num_iter=s.num_iter,
                       cfg=s.cfg, temperature=s.temperature, layer=s.layer, k=s.k)
     out.mkdir(parents=True, exist_ok=True)
-    ds = open_runs(_record_all(model, cfg, checkpoint, progress=True))
+    ds = open_runs(record_stores(model, cfg, checkpoint=checkpoint))
     table, skipped = run_summary(ds, layer=s.layer, lazymar_layer=s.lazymar_layer, k=s.k)
     if skipped:
         raise SystemExit(f"stage {stage!r}: summary sections skipped: {skipped!r}")

@@ -112,9 +112,15 @@ class StudyResult:
     seconds: dict
 
 
-def _record_all(model, config: StudyConfig, checkpoint, progress: bool) -> list:
-    """One store per seed under ``config.out`` (a folder or a URL); a complete store of the same settings is
-    reused (``record``'s resume)."""
+def record_stores(model, config: StudyConfig, *, checkpoint=None, progress: bool = True) -> list:
+    """Record the study's stores: one per seed under ``config.out`` (a folder or a URL), a complete store of the
+    same settings reused (``record``'s resume). Returns their paths (local) or URLs, for
+    :func:`mar_probe.analysis.open_runs`.
+
+    Public so that other recorders of the study's stores (``benchmarks/training_stages.py``) call this one
+    function: a change of its arguments then breaks them visibly instead of silently (the private helper it
+    replaces broke that benchmark once, issue 14).
+    """
     from .probe.record import record
     from .store.location import StoreLocation, join
     from .store.spec import SelectionSpec
@@ -181,7 +187,7 @@ def run_study(config: StudyConfig | None = None, model=None, *, checkpoint=None,
         model, checkpoint = load_model(), checkpoint or DEFAULT_CHECKPOINT
     from .store.location import StoreLocation, output_folder
     seconds, t0 = {}, time.perf_counter()
-    stores = _record_all(model, config, checkpoint, progress)
+    stores = record_stores(model, config, checkpoint=checkpoint, progress=progress)
     seconds["record"], t0 = time.perf_counter() - t0, time.perf_counter()
     ds = open_runs(stores)
     with output_folder(config.out) as out:  # a URL: written here, uploaded at the end (store/location.py)
