@@ -9,6 +9,11 @@ iterations of each are warm-up (compilation included) and not timed.
     python benchmarks/bench_train.py --preset fashion_b128 --threads 2 --rounds 2 --iters 6
 
 writes ``benchmarks/results/train_speed.json`` (median seconds per iteration per variant and ratios to the first).
+The float32 variants (``--amp none``) answer whether bf16 autocast pays on a given CPU: AVX-512-BF16 alone (no AMX)
+was not enough on one Xeon (issue 14, phase 8), so the file records the CPU's bf16-related flags:
+
+    python benchmarks/bench_train.py --variants explicit,explicit+fp32 --threads 1 --rounds 2 --iters 4 \
+        --name train_speed_amp
 """
 from __future__ import annotations
 
@@ -24,7 +29,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 VARIANTS = {"sdpa": dict(attention="sdpa", compile=False), "explicit": dict(attention="explicit", compile=False),
-            "explicit+compile": dict(attention="explicit", compile=True)}
+            "explicit+compile": dict(attention="explicit", compile=True),
+            "explicit+fp32": dict(attention="explicit", compile=False, amp="none"),
+            "explicit+compile+fp32": dict(attention="explicit", compile=True, amp="none")}
+DEFAULT_VARIANTS = ("sdpa", "explicit", "explicit+compile")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx2")
+
+
+def cpu_flags(wanted=BF16_FLAGS) -> dict[str, bool]:
+    """Which of ``wanted`` the CPU reports (``/proc/cpuinfo``; all False where that file does not exist)."""
+    info = Path("/proc/cpuinfo")
+    flags = set()
+    if info.is_file():
+        for line in info.read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return {f: f in flags for f in wanted}
+
+
+def parse_variants(text: str) -> tuple[str, ...]:
+    names = tuple(n for n in text.split(",") if n)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {unknown!r} in {text!r}; valid: {sorted(VARIANTS)!r}")
+    return names
 
 
 @dataclass
@@ -72,6 +101,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=4, help="untimed iterations per variant (compilation happens here)")
     p.add_argument("--iters", type=int, default=6, help="timed iterations per variant and round")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variants", type=parse_variants, default=DEFAULT_VARIANTS,
+                   help=f"comma-separated, the first is the reference of the ratios; valid: {', '.join(VARIANTS)}")
+    p.add_argument("--name", default="train_speed", help="result file: benchmarks/results/NAME.json")
     args = p.parse_args(argv)
     import torch
 
@@ -83,21 +115,22 @@ def main(argv=None) -> int:
     images, labels = load_fashion_mnist("train")
     latents = PixelTokenizer(c.img_size, c.vae_stride, c.image_channels, c.crop_size).encode(images[:2048])
     labels = torch.as_tensor(labels[:2048])
-    states = {name: _setup(args.preset, v, args.batch_size) for name, v in VARIANTS.items()}
+    states = {name: _setup(args.preset, VARIANTS[name], args.batch_size) for name in args.variants}
     for state in states.values():
         _time(state, latents, labels, 0, args.warmup)
-    times = {name: [] for name in VARIANTS}
+    times = {name: [] for name in args.variants}
     for r in range(args.rounds):
-        for name in (VARIANTS if r % 2 == 0 else reversed(VARIANTS)):
+        for name in (args.variants if r % 2 == 0 else reversed(args.variants)):
             start = args.warmup + r * args.iters
             times[name] += _time(states[name], latents, labels, start, args.iters)
     med = {name: statistics.median(t) for name, t in times.items()}
-    first = next(iter(VARIANTS))
+    first = args.variants[0]
     payload = dict(command="python benchmarks/bench_train.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   preset=args.preset, batch_size=args.batch_size, threads=args.threads,
-                   seconds_per_iteration_median=med, speedup_over_sdpa={n: med[first] / m for n, m in med.items()},
+                   preset=args.preset, batch_size=args.batch_size, threads=args.threads, cpu_flags=cpu_flags(),
+                   seconds_per_iteration_median=med, reference=first,
+                   **{f"speedup_over_{first}": {n: med[first] / m for n, m in med.items()}},
                    seconds=times)
-    print(write_result("train_speed", payload))
+    print(write_result(args.name, payload))
     for name, m in med.items():
         print(f"{name:18s} {m:.3f} s/iteration  {med[first] / m:.2f}x")
     return 0

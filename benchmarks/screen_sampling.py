@@ -7,17 +7,24 @@ the test split, the real-vs-real floor of the same n):
 
     python benchmarks/screen_sampling.py --threads 1
 
-writes ``benchmarks/results/sampling_screen.json`` with the command, the model's weights SHA-256 and the machine.
+writes ``benchmarks/results/sampling_screen.json`` (``--name`` for another file) with the command, the model's weights
+SHA-256 and the machine, rewritten after every setting, so a stopped screen keeps the settings it finished; a rerun
+with the same weights and protocol reuses the file's rows and samples only the settings it lacks. The screen of
+the embedded default v2 (issue 14) at 200 images:
+
+    python benchmarks/screen_sampling.py --checkpoint data/training/fashion_b128.pth --per-class 20 --threads 1 \
+        --settings 0.6:3.0,0.8:3.0,0.6:2.0,0.4:3.0,0.3:3.0,0.2:3.0 --name sampling_screen_b128
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result  # noqa: E402
+from common import RESULTS, write_result  # noqa: E402
 from pilot_architectures import _scores  # noqa: E402
 
 NAME = "sampling_screen"
@@ -46,6 +53,15 @@ def screen_one(model, labels, temperature: float, cfg: float, args) -> dict:
     return dict(temperature=temperature, cfg=cfg, sample_seconds=seconds, settings=res.settings, **_scores(report))
 
 
+def _earlier_rows(path: Path, head: dict) -> list[dict]:
+    """The rows of an earlier screen of the same weights and protocol (none when the file is absent or differs)."""
+    if not path.is_file():
+        return []
+    old = json.loads(path.read_text())
+    same = all(old.get(k) == head[k] for k in ("weights_sha256", "protocol", "checkpoint"))
+    return list(old["rows"]) if same else []
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default="data/fashion_small.pth")
@@ -55,21 +71,29 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--name", default=NAME, help="result file: benchmarks/results/NAME.json")
     args = p.parse_args(argv)
     import numpy as np
     import torch
 
     from mar_probe import load_model
+    from mar_probe.models.checkpoints import read_checkpoint
     from mar_probe.probe.record import weights_sha256
     torch.set_num_threads(args.threads)
     model = load_model(args.checkpoint)
     labels = np.repeat(np.arange(model.num_classes), args.per_class)
-    rows = [screen_one(model, labels, t, c, args) for t, c in args.settings]
     command = "python benchmarks/screen_sampling.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    path = write_result(NAME, dict(command=command, checkpoint=args.checkpoint, weights_sha256=weights_sha256(model),
-                                   protocol=dict(per_class=args.per_class, num_images=len(labels), steps=args.steps,
-                                                 cfg_schedule="linear", seed=args.seed),
-                                   rows=rows))
+    trained = len(read_checkpoint(args.checkpoint).get("loss_history") or [])  # 0: not trained by mar_probe
+    head = dict(command=command, checkpoint=args.checkpoint, weights_sha256=weights_sha256(model), iterations=trained,
+                protocol=dict(per_class=args.per_class, num_images=len(labels), steps=args.steps,
+                              cfg_schedule="linear", seed=args.seed))
+    rows = _earlier_rows(RESULTS / f"{args.name}.json", head)
+    for t, c in args.settings:
+        if (t, c) in {(r["temperature"], r["cfg"]) for r in rows}:
+            continue
+        rows.append(screen_one(model, labels, t, c, args))
+        path = write_result(args.name, dict(head, rows=rows))  # after every setting: a stopped screen keeps them
+    path = write_result(args.name, dict(head, rows=rows))
     for r in rows:
         print(f"T {r['temperature']:g}, CFG {r['cfg']:g}: accuracy {r['class_accuracy']:.3f}, "
               f"Frechet {r['frechet_distance']:.1f} ({r['sample_seconds']:.0f} s)")
