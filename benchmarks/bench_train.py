@@ -28,24 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
+from mar_probe.machine import cpu_flags  # noqa: E402
+
 VARIANTS = {"sdpa": dict(attention="sdpa", compile=False), "explicit": dict(attention="explicit", compile=False),
             "explicit+compile": dict(attention="explicit", compile=True),
             "explicit+fp32": dict(attention="explicit", compile=False, amp="none"),
             "explicit+compile+fp32": dict(attention="explicit", compile=True, amp="none")}
 DEFAULT_VARIANTS = ("sdpa", "explicit", "explicit+compile")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx2")
-
-
-def cpu_flags(wanted=BF16_FLAGS) -> dict[str, bool]:
-    """Which of ``wanted`` the CPU reports (``/proc/cpuinfo``; all False where that file does not exist)."""
-    info = Path("/proc/cpuinfo")
-    flags = set()
-    if info.is_file():
-        for line in info.read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    return {f: f in flags for f in wanted}
 
 
 def parse_variants(text: str) -> tuple[str, ...]:
@@ -126,8 +116,8 @@ def main(argv=None) -> int:
     med = {name: statistics.median(t) for name, t in times.items()}
     first = args.variants[0]
     payload = dict(command="python benchmarks/bench_train.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                   preset=args.preset, batch_size=args.batch_size, threads=args.threads, cpu_flags=cpu_flags(),
-                   seconds_per_iteration_median=med, reference=first,
+                   preset=args.preset, batch_size=args.batch_size, threads=args.threads,
+                   cpu_flags=cpu_flags(BF16_FLAGS), seconds_per_iteration_median=med, reference=first,
                    **{f"speedup_over_{first}": {n: med[first] / m for n, m in med.items()}},
                    seconds=times)
     print(write_result(args.name, payload))

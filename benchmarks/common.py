@@ -21,9 +21,14 @@ def bench_parser(doc: str):
     return p
 
 
+def result_path(name: str) -> Path:
+    """``benchmarks/results/<name>.json``: where :func:`write_result` writes ``name``."""
+    return RESULTS / f"{name}.json"
+
+
 def write_result(name: str, payload: dict) -> Path:
     """Write ``benchmarks/results/<name>.json`` with the machine attached."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = result_path(name)
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
     return path

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, write_result  # noqa: E402
+from common import result_path, write_result  # noqa: E402
 from pilot_architectures import _scores  # noqa: E402
 
 NAME = "sampling_screen"
@@ -87,13 +87,13 @@ def main(argv=None) -> int:
     head = dict(command=command, checkpoint=args.checkpoint, weights_sha256=weights_sha256(model), iterations=trained,
                 protocol=dict(per_class=args.per_class, num_images=len(labels), steps=args.steps,
                               cfg_schedule="linear", seed=args.seed))
-    rows = _earlier_rows(RESULTS / f"{args.name}.json", head)
+    rows = _earlier_rows(result_path(args.name), head)
+    path = write_result(args.name, dict(head, rows=rows))  # this call's head over the rows it reuses
     for t, c in args.settings:
         if (t, c) in {(r["temperature"], r["cfg"]) for r in rows}:
             continue
         rows.append(screen_one(model, labels, t, c, args))
-        path = write_result(args.name, dict(head, rows=rows))  # after every setting: a stopped screen keeps them
-    path = write_result(args.name, dict(head, rows=rows))
+        write_result(args.name, dict(head, rows=rows))  # after every setting: a stopped screen keeps them
     for r in rows:
         print(f"T {r['temperature']:g}, CFG {r['cfg']:g}: accuracy {r['class_accuracy']:.3f}, "
               f"Frechet {r['frechet_distance']:.1f} ({r['sample_seconds']:.0f} s)")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import mar_probe.machine as M
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_train as BT  # noqa: E402
@@ -26,11 +28,12 @@ def test_variants_keep_their_order_and_unknown_ones_are_refused_with_the_valid_o
 
 def test_cpu_flags_are_booleans_for_exactly_the_flags_asked(tmp_path, monkeypatch):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n")
-    monkeypatch.setattr(BT, "Path", lambda p: info if p == "/proc/cpuinfo" else Path(p))
-    assert BT.cpu_flags() == {"avx512_bf16": True, "amx_bf16": False, "amx_tile": False, "avx2": True}
-    monkeypatch.setattr(BT, "Path", lambda p: tmp_path / "absent")
-    assert BT.cpu_flags(("avx2",)) == {"avx2": False}
+    info.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu avx2 avx512_bf16\n")
+    monkeypatch.setattr(M, "CPUINFO", info)
+    assert M.cpu_flags(BT.BF16_FLAGS) == {"avx512_bf16": True, "amx_bf16": False, "amx_tile": False, "avx2": True}
+    assert M.machine()["cpu"] == "Test CPU"  # the same reader gives the CPU's name
+    monkeypatch.setattr(M, "CPUINFO", tmp_path / "absent")
+    assert M.cpu_flags(("avx2",)) == {"avx2": False}
 
 
 def test_a_screen_reuses_earlier_rows_only_for_the_same_weights_protocol_and_checkpoint(tmp_path):
