@@ -1,7 +1,8 @@
 """The temperature / CFG screening behind the shipped model's recommended sampling settings (``data/README.md``).
 
 For each setting (temperature, CFG scale) the model samples the same 100 images (10 per class, 16 steps, linear
-CFG schedule, seed 1; every other setting is the checkpoint's ``sampling_defaults``) and the project's classifier
+CFG schedule, seed 1, the model's head steps unless ``--head-steps``; every other setting is the checkpoint's
+``sampling_defaults``) and the project's classifier
 scores them (:func:`mar_probe.quality.quality_report`: class accuracy, Fréchet distance of its features against
 the test split, the real-vs-real floor of the same n):
 
@@ -47,7 +48,7 @@ def screen_one(model, labels, temperature: float, cfg: float, args) -> dict:
     from mar_probe.quality import quality_report
     t0 = time.time()
     res = sample(model, labels, num_iter=args.steps, cfg=cfg, cfg_schedule="linear", temperature=temperature,
-                 seed=args.seed, batch_size=args.batch_size, progress=True)
+                 head_steps=args.head_steps, seed=args.seed, batch_size=args.batch_size, progress=True)
     seconds = time.time() - t0
     report = quality_report({"images": res.images, "labels": res.labels})
     return dict(temperature=temperature, cfg=cfg, sample_seconds=seconds, settings=res.settings, **_scores(report))
@@ -68,6 +69,8 @@ def main(argv=None) -> int:
     p.add_argument("--settings", type=parse_settings, default=SETTINGS, help="TEMPERATURE:CFG pairs, comma-separated")
     p.add_argument("--per-class", type=int, default=10)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--head-steps", default=None,
+                   help="the diffusion head's reverse steps (num_sampling_steps, e.g. 100; default: the model's)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
@@ -86,6 +89,7 @@ def main(argv=None) -> int:
     trained = len(read_checkpoint(args.checkpoint).get("loss_history") or [])  # 0: not trained by mar_probe
     head = dict(command=command, checkpoint=args.checkpoint, weights_sha256=weights_sha256(model), iterations=trained,
                 protocol=dict(per_class=args.per_class, num_images=len(labels), steps=args.steps,
+                              head_steps=str(args.head_steps or model.diffloss.num_sampling_steps),
                               cfg_schedule="linear", seed=args.seed))
     rows = _earlier_rows(result_path(args.name), head)
     path = write_result(args.name, dict(head, rows=rows))  # this call's head over the rows it reuses
