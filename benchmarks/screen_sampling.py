@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     import torch
 
     from mar_probe import load_model
+    from mar_probe.engine import SamplingConfig
     from mar_probe.models.checkpoints import read_checkpoint
     from mar_probe.probe.record import weights_sha256
     torch.set_num_threads(args.threads)
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
     trained = len(read_checkpoint(args.checkpoint).get("loss_history") or [])  # 0: not trained by mar_probe
     head = dict(command=command, checkpoint=args.checkpoint, weights_sha256=weights_sha256(model), iterations=trained,
                 protocol=dict(per_class=args.per_class, num_images=len(labels), steps=args.steps,
-                              head_steps=str(args.head_steps or model.diffloss.num_sampling_steps),
+                              head_steps=SamplingConfig(head_steps=args.head_steps).resolve(model).head_steps,
                               cfg_schedule="linear", seed=args.seed))
     rows = _earlier_rows(result_path(args.name), head)
     path = write_result(args.name, dict(head, rows=rows))  # this call's head over the rows it reuses
