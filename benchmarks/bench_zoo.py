@@ -313,6 +313,40 @@ def goal_verdict(over_full: float | None, over_full_b: float | None, psnr_vs_laz
                        "psnr_vs_lazymar_hi": hi}}
 
 
+def goal_gap(rows: dict, goal: dict = GOAL) -> dict:
+    """How far the zoo is from the goal, in seconds (a blocked goal is reported with the measurement that shows
+    why): the end-to-end budgets the two speed-ups allow (``full``'s and ``full-b``'s median seconds over the
+    goal's ratios) and the fastest arm by median end-to-end ratio over ``full`` among those not shown worse than
+    ``lazymar`` (``fidelity_not_worse``, the weaker reading), with its median seconds per part; ``None`` when no
+    such arm ran."""
+    def median_seconds(label: str) -> dict:
+        return {p: statistics.median(v) for p, v in rows[label]["speed"]["seconds_per_round"].items()}
+
+    kept = [k for k, r in rows.items() if k not in ("full", REFERENCE) and r["goal"]["fidelity_not_worse"]]
+    fastest = max(kept, key=lambda k: rows[k]["speed"]["over_full"]["end_to_end"]["median"], default=None)
+    return {"budget_seconds": {"over_full": median_seconds("full")["end_to_end"] / goal["over_full"],
+                               "over_full_b": median_seconds(REFERENCE)["end_to_end"] / goal["over_full_b"]},
+            "fastest_not_worse": None if fastest is None else {
+                "label": fastest, "seconds": median_seconds(fastest),
+                "over_full": rows[fastest]["speed"]["over_full"]["end_to_end"]["median"],
+                "over_full_b": rows[fastest]["speed"]["over_full_b"]["end_to_end"]["median"]}}
+
+
+def _gap_note(gap: dict) -> str:
+    """The sentence of :func:`goal_gap`: the budgets in seconds and where the fastest arm at lazymar's fidelity
+    spends its time."""
+    b, f = gap["budget_seconds"], gap["fastest_not_worse"]
+    text = (f"In seconds (medians over rounds): the goal allows {b['over_full']:.3g} s end to end (`full` / "
+            f"{GOAL['over_full']:g}) and {b['over_full_b']:.3g} s (`{REFERENCE}` / {GOAL['over_full_b']:g}).")
+    if f is None:
+        return text + f" No arm besides the references was shown no worse than `{AGAINST}`."
+    s = f["seconds"]
+    return text + (f" The fastest arm not shown worse than `{AGAINST}` (upper end of its interval >= 0), "
+                   f"`{f['label']}`, took {s['end_to_end']:.3g} s ({f['over_full']:.2f}x / {f['over_full_b']:.2f}x): "
+                   f"transformer {s['transformer']:.3g} s, head {s['head']:.3g} s; its transformer alone is "
+                   f"{s['transformer'] / b['over_full']:.2f}x the first budget.")
+
+
 def combine(arms, roles: dict, speed: dict, fidelity: dict) -> dict:
     """One row per arm: its strategy and options, speed, fidelity and the goal verdict (on the paired protocol)."""
     table, entries = speed["table"], fidelity["results"]["strategies"]
@@ -439,6 +473,8 @@ def markdown(payload: dict) -> str:
             and r["goal"]["checks"]["over_full_b"]]
     if near:
         lines.append("Fast enough but not shown at lazymar's fidelity: " + ", ".join(f"`{k}`" for k in near) + ".")
+    if not meets:
+        lines.append(_gap_note(goal_gap(rows)))
     sched = [k for k, r in rows.items() if r.get("head_schedule")]
     if sched:
         lines.append(_schedule_note(sched, fs["rng"], free))
@@ -663,6 +699,7 @@ def zoo_payload(arms, roles, args, speed: dict, fidelity: dict, command: str, st
     if args.quick:
         payload["settings"]["preset"] = speed["model"] + " (perturbed, quick)"
     payload["meets_goal"] = [k for k, r in payload["arms"].items() if r["goal"]["meets"]]
+    payload["gap"] = goal_gap(payload["arms"])
     return payload
 
 

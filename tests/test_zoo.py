@@ -102,6 +102,32 @@ def test_goal_verdict_follows_patched_results(zoo):
     assert not Z.combine(arms, roles, speed, fidelity)[target]["goal"]["meets"]
 
 
+def test_goal_gap_is_the_budget_in_seconds_and_the_fastest_arm_not_worse_than_lazymar(zoo):
+    """A blocked goal is reported with its measurement: the budgets are full's and full-b's median seconds over 5
+    and 3, the arm named is the fastest among those whose PSNR difference to lazymar is not below 0 at its upper
+    end, and making that arm worse than lazymar moves the name to the next one."""
+    import statistics
+    _, data, out = zoo
+    arms = copy.deepcopy(data["arms"])
+    gap = Z.goal_gap(arms)
+    assert gap == data["gap"]
+    med = {k: statistics.median(r["speed"]["seconds_per_round"]["end_to_end"]) for k, r in arms.items()}
+    assert gap["budget_seconds"] == {"over_full": med["full"] / 5, "over_full_b": med["full-b"] / 3}
+    kept = [k for k, r in arms.items() if k not in ("full", "full-b") and r["goal"]["fidelity_not_worse"]]
+    assert "lazymar" in kept                                    # its own difference is 0, so never worse
+    speed = {k: arms[k]["speed"]["over_full"]["end_to_end"]["median"] for k in kept}
+    first = gap["fastest_not_worse"]
+    assert first["label"] == max(speed, key=speed.get) and first["seconds"]["end_to_end"] == med[first["label"]]
+    assert f"`{first['label']}`, took" in (out / "zoo_quick.md").read_text()
+    arms[first["label"]]["goal"]["fidelity_not_worse"] = False
+    second = Z.goal_gap(arms)["fastest_not_worse"]["label"]
+    assert second != first["label"] and second == max((k for k in speed if k != first["label"]), key=speed.get)
+    for row in arms.values():
+        row["goal"]["fidelity_not_worse"] = False
+    assert Z.goal_gap(arms)["fastest_not_worse"] is None
+    assert "No arm besides the references" in Z._gap_note(Z.goal_gap(arms))
+
+
 def test_figure_is_written_and_passes_the_lint(zoo):
     import matplotlib.pyplot as plt
     payload, _, out = zoo
