@@ -317,14 +317,14 @@ def goal_gap(rows: dict, goal: dict = GOAL) -> dict:
     """How far the zoo is from the goal, in seconds (a blocked goal is reported with the measurement that shows
     why): the end-to-end budgets the two speed-ups allow (``full``'s and ``full-b``'s median seconds over the
     goal's ratios) and the fastest arm by median end-to-end ratio over ``full`` among those not shown worse than
-    ``lazymar`` (``fidelity_not_worse``, the weaker reading), with its median seconds per part; ``None`` when no
-    such arm ran."""
+    ``lazymar`` (``fidelity_not_worse``, the weaker reading), with its median seconds per part (``None`` when no
+    such arm ran); ``goal`` beside them, so that the sentence of :func:`_gap_note` quotes the ratios it used."""
     def median_seconds(label: str) -> dict:
         return {p: statistics.median(v) for p, v in rows[label]["speed"]["seconds_per_round"].items()}
 
     kept = [k for k, r in rows.items() if k not in ("full", REFERENCE) and r["goal"]["fidelity_not_worse"]]
     fastest = max(kept, key=lambda k: rows[k]["speed"]["over_full"]["end_to_end"]["median"], default=None)
-    return {"budget_seconds": {"over_full": median_seconds("full")["end_to_end"] / goal["over_full"],
+    return {"goal": goal, "budget_seconds": {"over_full": median_seconds("full")["end_to_end"] / goal["over_full"],
                                "over_full_b": median_seconds(REFERENCE)["end_to_end"] / goal["over_full_b"]},
             "fastest_not_worse": None if fastest is None else {
                 "label": fastest, "seconds": median_seconds(fastest),
@@ -335,9 +335,9 @@ def goal_gap(rows: dict, goal: dict = GOAL) -> dict:
 def _gap_note(gap: dict) -> str:
     """The sentence of :func:`goal_gap`: the budgets in seconds and where the fastest arm at lazymar's fidelity
     spends its time."""
-    b, f = gap["budget_seconds"], gap["fastest_not_worse"]
+    g, b, f = gap["goal"], gap["budget_seconds"], gap["fastest_not_worse"]
     text = (f"In seconds (medians over rounds): the goal allows {b['over_full']:.3g} s end to end (`full` / "
-            f"{GOAL['over_full']:g}) and {b['over_full_b']:.3g} s (`{REFERENCE}` / {GOAL['over_full_b']:g}).")
+            f"{g['over_full']:g}) and {b['over_full_b']:.3g} s (`{REFERENCE}` / {g['over_full_b']:g}).")
     if f is None:
         return text + f" No arm besides the references was shown no worse than `{AGAINST}`."
     s = f["seconds"]

@@ -115,6 +115,8 @@ def test_goal_gap_is_the_budget_in_seconds_and_the_fastest_arm_not_worse_than_la
     assert gap == data["gap"]
     med = {k: statistics.median(r["speed"]["seconds_per_round"]["end_to_end"]) for k, r in arms.items()}
     assert gap["budget_seconds"] == {"over_full": med["full"] / 5, "over_full_b": med["full-b"] / 3}
+    other = Z.goal_gap(arms, dict(Z.GOAL, over_full=4.0))        # the sentence quotes the ratios the gap used
+    assert other["budget_seconds"]["over_full"] == med["full"] / 4 and "(`full` / 4)" in Z._gap_note(other)
     kept = [k for k, r in arms.items() if k not in ("full", "full-b") and r["goal"]["fidelity_not_worse"]]
     assert "lazymar" in kept                                    # its own difference is 0, so never worse
     speed = {k: arms[k]["speed"]["over_full"]["end_to_end"]["median"] for k in kept}
