@@ -439,7 +439,8 @@ class TrainingCheckpoint:
         self.config, self.sampling_defaults = state["mar_probe_config"], state.get("sampling_defaults")
         self.params = sum(t.numel() for t in state["model_ema"].values())
         self.size_mb = self.path.stat().st_size / 1e6
-        history = state["loss_history"]
+        from mar_probe.models.checkpoints import history_rows
+        history = history_rows(state["loss_history"])                   # packed since issue 14's shipping
         self.resets = sum(b[2] < a[2] for a, b in zip(history, history[1:]))  # clock restarts seen in the history
         self.phases = self._split(state["train_phases"], state.get("phase_iterations"), history)
 

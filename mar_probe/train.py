@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from ._config import checked_fields
 from .models import MAR, preset_config
 from .models.blocks import ATTENTION_KERNELS, set_attention_kernel
-from .models.checkpoints import read_checkpoint
+from .models.checkpoints import history_rows, pack_history, read_checkpoint
 from .models.tokenizer import PixelTokenizer
 
 
@@ -211,15 +211,16 @@ def export_ema(checkpoint: str | Path, out: str | Path) -> Path:
 
     A run warm-started from an exported file (``--init``) is the next phase of that model: the export carries the
     earlier phases' configs (``train_phases``), their iteration counts (``phase_iterations``) and their loss
-    history, continued by this phase's (iterations and seconds cumulative), so one file tells a model's whole
-    training, session after session.
+    history, continued by this phase's (iterations and seconds cumulative, packed by
+    :func:`~mar_probe.models.checkpoints.pack_history`; read it with ``history_rows``), so one file tells a
+    model's whole training, session after session.
     """
     state = read_checkpoint(checkpoint)
     phases, history, lengths = _earlier_phases(state["train_config"].get("init"))
     it0, t0 = (history[-1][0] + 1, history[-1][2]) if history else (0, 0.0)
     history += [[it0 + it, loss, t0 + t] for it, loss, t in state["loss_history"]]
     slim = {"model_ema": state["model_ema"], "args": state["args"], "mar_probe_config": state["mar_probe_config"],
-            "train_config": state["train_config"], "epoch": state["epoch"], "loss_history": history,
+            "train_config": state["train_config"], "epoch": state["epoch"], "loss_history": pack_history(history),
             "train_phases": phases + [state["train_config"]], "phase_iterations": lengths + [state["epoch"]]}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -234,7 +235,7 @@ def _earlier_phases(init: str | None) -> tuple[list, list, list]:
     prev = read_checkpoint(init)
     if "train_config" not in prev:  # not trained by mar_probe (e.g. an official checkpoint)
         return [], [], []
-    history = [list(h) for h in prev.get("loss_history", [])]
+    history = history_rows(prev.get("loss_history", []))
     phases = list(prev.get("train_phases") or [prev["train_config"]])
     lengths = list(prev.get("phase_iterations") or [len(history)])
     return phases, history, lengths

@@ -88,3 +88,19 @@ def test_a_row_scored_from_the_same_path_is_not_the_current_weights_unless_its_i
     assert prog.scored(ckpt)["preset"] == "p6-run"
     assert prog.scored(SimpleNamespace(rel="data/training/m.pth", params=10, iterations=500)) is None
     assert prog.scored(SimpleNamespace(rel="data/training/m.pth", params=10, iterations=300))["preset"] == "p5"
+
+
+def test_a_packed_history_reads_as_its_rows(tmp_path, monkeypatch):
+    """Exports pack their loss history (mar_probe.models.checkpoints.pack_history); the card reads the same
+    phases, seconds and losses from it as from the rows."""
+    from mar_probe.models.checkpoints import pack_history
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    history = [[i, 1.0 / (i + 1), 30.0 * (i + 1)] for i in range(4)]
+    phases = [{"iters": 2, "max_minutes": 5}, {"iters": 2, "max_minutes": 5}]
+    _save(tmp_path, history, phases, lengths=[2, 2])
+    rows = R.TrainingCheckpoint("m.pth")
+    _save(tmp_path, pack_history(history), phases, lengths=[2, 2])
+    packed = R.TrainingCheckpoint("m.pth")
+    for a, b in zip(rows.phases, packed.phases):
+        assert (a.start, a.iterations, a.seconds) == (b.start, b.iterations, b.seconds)
+        assert a.losses == pytest.approx(b.losses, rel=1e-7)

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from mar_probe import load_model
+from mar_probe.models.checkpoints import history_rows, pack_history
 from mar_probe.train import TrainConfig, export_ema, lr_at, train
 
 
@@ -147,9 +148,34 @@ def test_export_of_a_warm_start_carries_the_earlier_phases(tmp_path):
     second = torch.load(export_ema(train(second_cfg), tmp_path / "p2.pth"), weights_only=False)
     assert second["phase_iterations"] == [3, 2] and len(second["train_phases"]) == 2
     assert second["train_phases"][1]["init"] == str(first) and second["train_phases"][0]["init"] is None
-    history = second["loss_history"]
+    history = history_rows(second["loss_history"])             # packed: [N, 2] float32 (loss, seconds)
+    assert second["loss_history"].dtype == torch.float32 and second["loss_history"].shape == (5, 2)
     assert [h[0] for h in history] == [0, 1, 2, 3, 4]
     times = [h[2] for h in history]
     assert times == sorted(times)
     p1 = torch.load(first, weights_only=False)
-    assert [h[1] for h in history[:3]] == [h[1] for h in p1["loss_history"]]
+    assert [h[1] for h in history[:3]] == [h[1] for h in history_rows(p1["loss_history"])]
+    run = torch.load(tmp_path / "p2" / "checkpoint-last.pth", weights_only=False)["loss_history"]
+    assert [h[1] for h in history[3:]] == [torch.tensor(h[1]).float().item() for h in run]
+
+
+def test_packed_history_round_trips_to_float32_and_refuses_gaps():
+    """Exports pack the loss history (8 bytes a row instead of ~27 pickled: issue 14's 25 MB); reading it back
+    gives the rows to float32 precision, lists pass through, and a history with a gap or another shape is refused."""
+    import io
+    rows = [[i, 1.0 / (i + 1), 6.0 * i + 0.123456] for i in range(1000)]
+    packed = pack_history(rows)
+    back = history_rows(packed)
+    assert [r[0] for r in back] == list(range(1000))
+    assert all(abs(a[1] - b[1]) <= 1e-7 * a[1] and abs(a[2] - b[2]) <= 1e-6 * max(a[2], 1) for a, b in zip(rows, back))
+    assert history_rows(rows) == rows and history_rows([]) == [] and pack_history([]).shape == (0, 2)
+    sizes = []
+    for value in (rows, packed):
+        buf = io.BytesIO()
+        torch.save({"loss_history": value}, buf)
+        sizes.append(buf.tell())
+    assert sizes[1] < 10_000 < sizes[0]                                  # 8,000 bytes of data + the zip's
+    with pytest.raises(ValueError, match=r"iterations 0, 1, ..., 1, got \[0, 2\]"):
+        pack_history([[0, 1.0, 1.0], [2, 1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"\[N, 2\] tensor of \(loss, seconds\), got shape \(4, 3\)"):
+        history_rows(torch.zeros(4, 3))

@@ -11,8 +11,8 @@ def plot_loss_curve(history, path=None, ax=None, window: int = 50, phase_iterati
 
     Parameters
     ----------
-    history : sequence of [iteration, loss, seconds]
-        As stored in a training checkpoint's ``loss_history``.
+    history : sequence of [iteration, loss, seconds], or a packed [N, 2] tensor
+        As stored in a training checkpoint's ``loss_history`` (an export's is packed: ``history_rows``).
     path : str or Path, optional
         Save the figure here.
     ax : matplotlib Axes, optional
@@ -26,7 +26,8 @@ def plot_loss_curve(history, path=None, ax=None, window: int = 50, phase_iterati
     import matplotlib.pyplot as plt
 
     from ._style import legend_beside
-    h = np.asarray(history, dtype=float)
+    from ..models.checkpoints import history_rows
+    h = np.asarray(history_rows(history), dtype=float)                  # [N, 3] iteration, loss, seconds
     if ax is None:
         _, ax = plt.subplots(figsize=(7.6, 3.5), layout="constrained")
     ax.plot(h[:, 0], h[:, 1], lw=0.5, alpha=0.35, label="loss per iteration")
