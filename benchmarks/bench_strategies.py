@@ -164,12 +164,13 @@ def figure(payload: dict, path: Path) -> Path:
     return path
 
 
-def run_rounds(model, chosen: tuple, args, on_round=None) -> dict:
+def run_rounds(model, chosen: tuple, args, on_round=None, runs: dict | None = None) -> dict:
     """``args.rounds`` rounds over the strategies (odd rounds reversed); the runs of each strategy by label.
     ``on_round(runs)``, when given, is called after every finished round with the runs so far (complete rounds
-    only), so that a long run can write what it has measured before it is stopped (issue 17)."""
-    runs: dict = {c.label: [] for c in chosen}
-    for r in range(args.rounds):
+    only), so that a long run can write what it has measured before it is stopped (issue 17); ``runs`` of finished
+    rounds (as ``on_round`` got them) are continued from the next round."""
+    runs = {c.label: [] for c in chosen} if runs is None else {c.label: list(runs[c.label]) for c in chosen}
+    for r in range(len(runs[chosen[0].label]), args.rounds):
         for c in (chosen if r % 2 == 0 else chosen[::-1]):
             res = run_one(model, c, args)
             runs[c.label].append(res)

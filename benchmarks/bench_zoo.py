@@ -40,6 +40,8 @@ Commands (the full-size run is hours on a CPU; it has not been run yet):
     # stopped run keeps its finished rounds), then the fidelity part, which reads it and writes zoo.{json,md,png}
     python benchmarks/bench_zoo.py --part speed --threads 1
     python benchmarks/bench_zoo.py --part fidelity --threads 2 --partial runs/zoo_partial
+    # more speed rounds later: --resume keeps the speed file's rounds and measures up to --rounds
+    python benchmarks/bench_zoo.py --part speed --threads 1 --resume
     # smoke run (the test's): perturbed mar_tiny for both parts, 2 images x seeds 0,1, 4 steps, 1 round (~6 s)
     OMP_NUM_THREADS=1 python benchmarks/bench_zoo.py --quick --threads 1 --out /tmp/zoo
 
@@ -175,14 +177,18 @@ def speed_result(model, runs: dict, started: float, before: dict) -> dict:
             "load": {"before": before, "after": BS.load_average()}, "runs": runs}
 
 
-def measure_speed(arms, args, device, on_round=None) -> dict:
+def measure_speed(arms, args, device, on_round=None, previous: dict | None = None) -> dict:
     """bench_strategies' rounds over every arm on ``args.preset`` (random weights; ``--quick``: a perturbed
-    mar_tiny) and the ratios of :func:`speed_table`; ``on_round(result)`` after every finished round."""
+    mar_tiny) and the ratios of :func:`speed_table`; ``on_round(result)`` after every finished round. With
+    ``previous`` (a speed file of the same arms and settings, ``--resume``) its rounds are kept and the next ones
+    measured; its seconds and first load average carry over."""
     model = speed_model(args).to(device).eval()
+    started, before, runs = time.time(), BS.load_average(), None
+    if previous is not None:
+        started, before, runs = started - previous["seconds"], previous["load"]["before"], previous["runs"]
     sample(model, [0], num_iter=2, cfg=args.cfg, seed=0)                # warm-up (allocator, kernels)
-    started, before = time.time(), BS.load_average()
     report = None if on_round is None else (lambda runs: on_round(speed_result(model, runs, started, before)))
-    runs = BS.run_rounds(model, arms, args, on_round=report)
+    runs = BS.run_rounds(model, arms, args, on_round=report, runs=runs)
     return speed_result(model, runs, started, before)
 
 
@@ -318,7 +324,7 @@ def goal_gap(rows: dict, goal: dict = GOAL) -> dict:
     why): the end-to-end budgets the two speed-ups allow (``full``'s and ``full-b``'s median seconds over the
     goal's ratios) and the fastest arm by median end-to-end ratio over ``full`` among those not shown worse than
     ``lazymar`` (``fidelity_not_worse``, the weaker reading), with its median seconds per part (``None`` when no
-    such arm ran); ``goal`` beside them, so that the sentence of :func:`_gap_note` quotes the ratios it used."""
+    such arm ran); ``goal`` beside them, so that the sentence of :func:`gap_note` quotes the ratios it used."""
     def median_seconds(label: str) -> dict:
         return {p: statistics.median(v) for p, v in rows[label]["speed"]["seconds_per_round"].items()}
 
@@ -332,7 +338,7 @@ def goal_gap(rows: dict, goal: dict = GOAL) -> dict:
                 "over_full_b": rows[fastest]["speed"]["over_full_b"]["end_to_end"]["median"]}}
 
 
-def _gap_note(gap: dict) -> str:
+def gap_note(gap: dict) -> str:
     """The sentence of :func:`goal_gap`: the budgets in seconds and where the fastest arm at lazymar's fidelity
     spends its time."""
     g, b, f = gap["goal"], gap["budget_seconds"], gap["fastest_not_worse"]
@@ -424,13 +430,53 @@ def speed_markdown(speed: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def arm_table(rows: dict) -> str:
+    """The zoo's main table: per arm the end-to-end time ratios over ``full`` and ``full-b`` (median [min, max] over
+    rounds), FLOP ratios, the transformer's and head's time ratios, PSNR against ``full``, its difference to
+    ``lazymar``, the Fréchet distance minus ``full``'s, and the goal (``docs/strategies.md`` shows the same)."""
+    free = any(r["fidelity"].get("noise_free") for r in rows.values())
+    lines = [
+        "| arm | end to end over `full` | over `full-b` | FLOPs over `full` | over `full-b` | transformer | head "
+        "| PSNR vs `full` dB | PSNR - `lazymar` dB | FD - `full` |" + (" noise-free PSNR - `lazymar` dB |" if free
+                                                                    else "") + " goal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if free else "") + ":---:|"]
+    for label, r in rows.items():
+        sp, fi = r["speed"], r["fidelity"]
+        e2e, e2eb = sp["over_full"]["end_to_end"], sp["over_full_b"]["end_to_end"]
+        nf = f" {_iv((fi.get('noise_free') or {}).get('psnr_vs_lazymar'))} |" if free else ""
+        lines.append(
+            f"| `{label}` | {e2e['median']:.2f}x [{e2e['min']:.2f}, {e2e['max']:.2f}] | "
+            f"{e2eb['median']:.2f}x [{e2eb['min']:.2f}, {e2eb['max']:.2f}] | "
+            f"{_x(sp['flop_ratio_over_full']['end_to_end'])} | {_x(sp['flop_ratio_over_full_b']['end_to_end'])} | "
+            f"{sp['over_full']['transformer']['median']:.2f}x | {sp['over_full']['head']['median']:.2f}x | "
+            f"{_iv(fi['psnr'], '{:.1f}')} | {_iv(fi['psnr_vs_lazymar'])} | {_iv(fi['frechet_vs_full'], '{:.1f}')} |"
+            f"{nf} {'**yes**' if r['goal']['meets'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def goal_text(rows: dict, speed_model: str) -> str:
+    """The goal's verdict under the table: the arms that meet it, those fast enough but not shown at lazymar's
+    fidelity, and, when none meets it, the gap in seconds (:func:`gap_note`)."""
+    meets = [k for k, r in rows.items() if r["goal"]["meets"]]
+    lines = [f"Goal (issue 17): end to end >= {GOAL['over_full']:g}x over `full` and >= {GOAL['over_full_b']:g}x "
+             f"over `full-b` on `{speed_model}` (median over rounds), and the lower end of the "
+             f"PSNR-difference interval against `{AGAINST}` >= 0. Arms that meet it: "
+             + (", ".join(f"`{k}`" for k in meets) if meets else "none") + "."]
+    near = [k for k, r in rows.items() if not r["goal"]["meets"] and r["goal"]["checks"]["over_full"]
+            and r["goal"]["checks"]["over_full_b"]]
+    if near:
+        lines.append("Fast enough but not shown at lazymar's fidelity: " + ", ".join(f"`{k}`" for k in near) + ".")
+    if not meets:
+        lines.append(gap_note(goal_gap(rows)))
+    return "\n".join(lines)
+
+
 def markdown(payload: dict) -> str:
     s, m, rows = payload["settings"], payload["machine"], payload["arms"]
     lo, hi = payload["load"]["before"], payload["load"]["after"]
     fs = payload["fidelity"]["results"]["settings"]
     sha = payload["weights_sha256"]
 
-    meets = [k for k, r in rows.items() if r["goal"]["meets"]]
     free = any(r["fidelity"].get("noise_free") for r in rows.values())
     lines = [
         f"# The zoo benchmark (issue 17, item 4){' — quick smoke run, not a result' if s['quick'] else ''}", "",
@@ -450,31 +496,7 @@ def markdown(payload: dict) -> str:
         f"{fs['temperature']}, rng `{fs['rng']}`; PSNR against `full` image by image, its difference to "
         f"`lazymar`'s image by image, "
         f"Fréchet distance minus `full`'s seed by seed; 95% t-intervals (`*`: clipped to the metric's range).", "",
-        "| arm | end to end over `full` | over `full-b` | FLOPs over `full` | over `full-b` | transformer | head "
-        "| PSNR vs `full` dB | PSNR - `lazymar` dB | FD - `full` |" + (" noise-free PSNR - `lazymar` dB |" if free
-                                                                    else "") + " goal |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if free else "") + ":---:|"]
-    for label, r in rows.items():
-        sp, fi = r["speed"], r["fidelity"]
-        e2e, e2eb = sp["over_full"]["end_to_end"], sp["over_full_b"]["end_to_end"]
-        nf = f" {_iv((fi.get('noise_free') or {}).get('psnr_vs_lazymar'))} |" if free else ""
-        lines.append(
-            f"| `{label}` | {e2e['median']:.2f}x [{e2e['min']:.2f}, {e2e['max']:.2f}] | "
-            f"{e2eb['median']:.2f}x [{e2eb['min']:.2f}, {e2eb['max']:.2f}] | "
-            f"{_x(sp['flop_ratio_over_full']['end_to_end'])} | {_x(sp['flop_ratio_over_full_b']['end_to_end'])} | "
-            f"{sp['over_full']['transformer']['median']:.2f}x | {sp['over_full']['head']['median']:.2f}x | "
-            f"{_iv(fi['psnr'], '{:.1f}')} | {_iv(fi['psnr_vs_lazymar'])} | {_iv(fi['frechet_vs_full'], '{:.1f}')} |"
-            f"{nf} {'**yes**' if r['goal']['meets'] else 'no'} |")
-    lines += ["", f"Goal (issue 17): end to end >= {GOAL['over_full']:g}x over `full` and >= {GOAL['over_full_b']:g}x "
-              f"over `full-b` on `{payload['speed']['model']}` (median over rounds), and the lower end of the "
-              f"PSNR-difference interval against `{AGAINST}` >= 0. Arms that meet it: "
-              + (", ".join(f"`{k}`" for k in meets) if meets else "none") + "."]
-    near = [k for k, r in rows.items() if not r["goal"]["meets"] and r["goal"]["checks"]["over_full"]
-            and r["goal"]["checks"]["over_full_b"]]
-    if near:
-        lines.append("Fast enough but not shown at lazymar's fidelity: " + ", ".join(f"`{k}`" for k in near) + ".")
-    if not meets:
-        lines.append(_gap_note(goal_gap(rows)))
+        arm_table(rows), "", goal_text(rows, payload["speed"]["model"])]
     sched = [k for k, r in rows.items() if r.get("head_schedule")]
     if sched:
         lines.append(_schedule_note(sched, fs["rng"], free))
@@ -621,7 +643,7 @@ def _seeds(text: str) -> list[int]:
 
 def parser():
     p = bench_parser(__doc__)
-    p.add_argument("--rounds", type=int, default=2, help="speed rounds over all arms (default 2)")
+    p.add_argument("--rounds", type=int, help="speed rounds over all arms (default 2; 1 with --quick)")
     p.add_argument("--clock", choices=sorted(BS.CLOCKS), default="wall")
     p.add_argument("--seed", type=int, default=0, help="seed of the speed runs")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -645,7 +667,9 @@ def parser():
                    help="random-number layout of the fidelity part (default stepwise: each step's head noise from "
                         "its own generators, so that arms with a head-step schedule are paired with full's noise)")
     p.add_argument("--partial", help="folder keeping compare's finished (arm, seed) runs")
-    p.add_argument("--resume", action="store_true", help="reuse the runs in --partial")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a stopped run: the speed file's finished rounds (same arms and settings) and the "
+                        "fidelity runs in --partial")
     p.add_argument("--noise-free", action="store_true",
                    help="also bench_compose's noise-free protocol (a second fidelity pass: as long again)")
     p.add_argument("--quick", action="store_true",
@@ -660,14 +684,17 @@ def checked_args(p, argv):
     """Parsed arguments with --quick's settings applied and every cross-argument rule checked (``p.error``)."""
     args = p.parse_args(argv)
     if args.quick:
-        args.num_iter, args.num_sampling_steps, args.fidelity_iter, args.rounds = 4, "5", 4, 1
+        args.num_iter, args.num_sampling_steps, args.fidelity_iter = 4, "5", 4
         args.num_samples, args.seeds = 2, [0, 1]
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 2
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds!r}")
     if args.clock == "cpu" and args.threads != 1:
         p.error(f"--clock cpu needs --threads 1, got {args.threads!r}")
-    if args.resume and not args.partial:
-        p.error("--resume needs --partial FOLDER")
+    if args.resume and not args.partial and args.part != "speed":
+        p.error("--resume needs --partial FOLDER (the fidelity part's finished runs); with --part speed it "
+                "continues the speed file's finished rounds")
     return args
 
 
@@ -680,10 +707,35 @@ def speed_part(p, arms, args, device, command: str, speed_file: Path) -> dict:
         except ValueError as exc:
             p.error(f"--part fidelity: {exc}")
 
+    previous = resumed_speed(p, arms, args, speed_file) if args.resume else None
+    if previous is not None and previous["rounds_done"] >= args.rounds:
+        return previous                                                 # every round asked for is done
+
     def save(result):
         write_speed(speed_file, arms, args, command, result)
-    measure_speed(arms, args, device, on_round=save)
+    measure_speed(arms, args, device, on_round=save, previous=previous)
     return read_speed(speed_file, arms)
+
+
+def resumed_speed(p, arms, args, speed_file: Path) -> dict | None:
+    """The speed file to continue (``--resume``): None when there is none yet; ``p.error`` when it measured other
+    arms or settings (all of :data:`SPEED_SETTINGS` but ``rounds`` must agree, so that its rounds and the next ones
+    are one measurement)."""
+    if not speed_file.is_file():
+        return None
+    try:
+        previous = read_speed(speed_file, arms)
+    except ValueError as exc:
+        p.error(f"--resume: {exc}")
+    differ = {k: (previous["settings"].get(k), getattr(args, k)) for k in SPEED_SETTINGS
+              if k != "rounds" and previous["settings"].get(k) != getattr(args, k)}
+    sha = weights_sha256(speed_model(args))                           # the same seeded random weights
+    if previous["weights_sha256"] != sha:
+        differ["weights_sha256"] = (previous["weights_sha256"], sha)
+    if differ:
+        p.error(f"--resume: the speed file {str(speed_file)!r} was measured with other settings: " + "; ".join(
+            f"{k} {old!r} there, {new!r} now" for k, (old, new) in differ.items()))
+    return previous
 
 
 def zoo_payload(arms, roles, args, speed: dict, fidelity: dict, command: str, started: float, before: dict) -> dict:

@@ -283,6 +283,62 @@ class BenchResults:
         return "\n".join(lines)
 
 
+class ZooResults:
+    """A committed ``benchmarks/bench_zoo.py`` result (``zoo.json``): its main table and goal verdict are written by
+    the script's own :func:`bench_zoo.arm_table` and :func:`bench_zoo.goal_text`, so the page and ``zoo.md`` say
+    the same; the template reads the settings behind them."""
+
+    def __init__(self, rel: str = "zoo.json"):
+        self.rel, self.path = rel, RESULTS / rel
+        if not self.path.is_file():
+            raise FileNotFoundError(f"result file {str(self.path)!r} not found; expected a committed "
+                                    "`benchmarks/bench_zoo.py` result under benchmarks/results/")
+        self.data = json.loads(self.path.read_text())
+        self.arms, self.settings = self.data["arms"], self.data["settings"]
+        self.fidelity_settings = self.data["fidelity"]["results"]["settings"]
+
+    def table(self) -> str:
+        import bench_zoo
+        return bench_zoo.arm_table(self.arms)
+
+    def goal(self) -> str:
+        import bench_zoo
+        return bench_zoo.goal_text(self.arms, self.data["speed"]["model"])
+
+    @property
+    def rounds(self) -> int:
+        return int(self.data["speed"]["rounds_done"])
+
+    @property
+    def images(self) -> int:
+        """Paired images behind each arm's PSNR (every seed's)."""
+        return int(self.arms["lazymar"]["fidelity"]["psnr"]["n"])
+
+    def seconds(self, label: str, part: str = "end_to_end") -> float:
+        """``label``'s median seconds over rounds for ``part`` on the speed model."""
+        import statistics
+        return statistics.median(self.arms[label]["speed"]["seconds_per_round"][part])
+
+    def ci(self, label: str, key: str, spec: str = ".1f") -> str:
+        """``mean [lo, hi]`` of a fidelity statistic of ``label`` (``psnr_vs_lazymar``, ``frechet_vs_full``, ...)."""
+        return interval_text(self.arms[label]["fidelity"][key], spec)
+
+    def versus(self, label: str, key: str, above: str, below: str, neither: str) -> str:
+        """``above`` when the interval of a fidelity difference lies above 0, ``below`` when below, else
+        ``neither``: a sentence cannot claim more than its interval."""
+        stat = self.arms[label]["fidelity"][key]
+        return above if stat["lo"] > 0 else below if stat["hi"] < 0 else neither
+
+    def same_flops(self, part: str = "head") -> tuple[list[str], float, float]:
+        """The arms (``full`` aside) that run ``full``'s steps and whose ``part`` does exactly ``full``'s FLOPs, and
+        the lowest and highest median time ratio over ``full`` among them: time the FLOPs do not explain."""
+        steps = self.arms["full"]["speed"]["steps"]
+        arms = [k for k, r in self.arms.items() if k != "full" and r["speed"]["steps"] == steps
+                and r["speed"]["flop_ratio_over_full"][part] == 1.0]
+        ratios = [self.arms[k]["speed"]["over_full"][part]["median"] for k in arms]
+        return arms, min(ratios), max(ratios)
+
+
 def seed_difference(res: CompareResults, label: str, metric: str, against: str = "full", spec: str = ".1f") -> str:
     """The per-seed difference ``metric(label) - metric(against)`` (a per-seed quality: Fréchet distance) with its
     t-interval over seeds, as compare's ``seed_paired_difference`` computes it (from ``per_seed``, so files written
@@ -639,6 +695,7 @@ def render(page: str) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
     env.globals.update(compare=CompareResults, shadow=ShadowErrors, summary=SummaryResults, bench=BenchResults,
+                       zoo=ZooResults,
                        seed_difference=seed_difference, table=table, csv_rows=csv_rows, csv_mean=csv_mean,
                        json_file=json_file, fmt=fmt, checkpoint=TrainingCheckpoint, progress=ProgressResults,
                        worst_class=worst_class, per_class_text=per_class_text, target_misses=target_misses,

@@ -116,13 +116,13 @@ def test_goal_gap_is_the_budget_in_seconds_and_the_fastest_arm_not_worse_than_la
     med = {k: statistics.median(r["speed"]["seconds_per_round"]["end_to_end"]) for k, r in arms.items()}
     assert gap["budget_seconds"] == {"over_full": med["full"] / 5, "over_full_b": med["full-b"] / 3}
     other = Z.goal_gap(arms, dict(Z.GOAL, over_full=4.0))        # the sentence quotes the ratios the gap used
-    assert other["budget_seconds"]["over_full"] == med["full"] / 4 and "(`full` / 4)" in Z._gap_note(other)
+    assert other["budget_seconds"]["over_full"] == med["full"] / 4 and "(`full` / 4)" in Z.gap_note(other)
     kept = [k for k, r in arms.items() if k not in ("full", "full-b") and r["goal"]["fidelity_not_worse"]]
     assert "lazymar" in kept                                    # its own difference is 0, so never worse
     speed = {k: arms[k]["speed"]["over_full"]["end_to_end"]["median"] for k in kept}
     first = gap["fastest_not_worse"]
     assert first["label"] == max(speed, key=speed.get) and first["seconds"]["end_to_end"] == med[first["label"]]
-    note = Z._gap_note(gap)
+    note = Z.gap_note(gap)
     assert f"`{first['label']}`, took {first['seconds']['end_to_end']:.3g} s" in note
     # the page carries the sentence when no arm meets the goal (here forced: a measured round of tiny models under
     # load can put an arm past it)
@@ -136,7 +136,7 @@ def test_goal_gap_is_the_budget_in_seconds_and_the_fastest_arm_not_worse_than_la
     for row in arms.values():
         row["goal"]["fidelity_not_worse"] = False
     assert Z.goal_gap(arms)["fastest_not_worse"] is None
-    assert "No arm besides the references" in Z._gap_note(Z.goal_gap(arms))
+    assert "No arm besides the references" in Z.gap_note(Z.goal_gap(arms))
 
 
 def test_figure_is_written_and_passes_the_lint(zoo):
@@ -219,3 +219,34 @@ def test_speed_file_is_rewritten_after_every_round(monkeypatch, tmp_path):
         Z.read_speed(tmp_path / "s.json", arms)
     with pytest.raises(ValueError, match=r"missing or changed \['lazymar'\]"):
         Z.read_speed(tmp_path / "s.json", (arms[0], StrategyRun(label="lazymar", name="marche")))
+
+
+def test_speed_part_resumes_its_finished_rounds(split, capsys):
+    """--resume continues the speed file: its round is kept as it was (the next round runs the arms reversed),
+    its seconds carry over, a file with every round asked for is left alone, and other settings are refused
+    naming each one."""
+    import shutil
+    _, _, out = split
+    first = json.loads((out / "zoo_quick_speed.json").read_text())
+    path = out / "resumed_speed.json"
+    shutil.copy(out / "zoo_quick_speed.json", path)
+    base = ["--quick", "--threads", "1", "--part", "speed", "--speed-file", str(path), "--resume"]
+    Z.main(base + ["--rounds", "2"])
+    resumed = json.loads(path.read_text())
+    assert resumed["rounds_done"] == 2 and resumed["settings"]["rounds"] == 2
+    assert all(resumed["runs"][k][0] == first["runs"][k][0] for k in first["runs"])
+    assert all(len(v) == 2 for v in resumed["runs"].values())
+    assert resumed["seconds"] > first["seconds"] and resumed["load"]["before"] == first["load"]["before"]
+    ratios = resumed["table"]["lazymar"]["over_full"]["end_to_end"]["per_round"]
+    assert len(ratios) == 2 and ratios[0] == first["table"]["lazymar"]["over_full"]["end_to_end"]["per_round"][0]
+    before = path.read_text()
+    assert Z.main(base + ["--rounds", "2"])["rounds_done"] == 2 and path.read_text() == before
+    with pytest.raises(SystemExit):
+        Z.main(["--quick", "--threads", "2", "--part", "speed", "--speed-file", str(path), "--resume",
+                "--rounds", "3", "--seed", "5"])
+    err = capsys.readouterr().err
+    assert "measured with other settings" in err and "threads 1 there, 2 now" in err and "seed 0 there, 5 now" in err
+    assert "rounds" not in err.split("settings:")[1]
+    with pytest.raises(SystemExit):
+        Z.main(["--quick", "--part", "fidelity", "--resume"])
+    assert "--resume needs --partial FOLDER" in capsys.readouterr().err
