@@ -30,7 +30,7 @@ average before and after, the command and the SHA-256 of both models' weights. T
 over ``full`` (filled) and over ``full-b`` (hollow, same arm on the same row), y the paired PSNR against ``full`` with
 its interval; lazymar's interval as a band and the goal's speed-ups as lines.
 
-Commands (the full-size run is hours on a CPU; it has not been run yet):
+Commands (the full-size run is hours on a CPU; the committed result ran in parts over three sessions, as below):
 
     # a GPU machine: both parts on the GPU (CUDA-synchronised component times)
     python benchmarks/bench_zoo.py --device cuda
