@@ -496,7 +496,7 @@ class TrainingCheckpoint:
         self.params = sum(t.numel() for t in state["model_ema"].values())
         self.size_mb = self.path.stat().st_size / 1e6
         from mar_probe.models.checkpoints import history_rows
-        history = history_rows(state["loss_history"])                   # packed since issue 14's shipping
+        history = history_rows(state["loss_history"])                   # exports packed since phase 11
         self.resets = sum(b[2] < a[2] for a, b in zip(history, history[1:]))  # clock restarts seen in the history
         self.phases = self._split(state["train_phases"], state.get("phase_iterations"), history)
 

@@ -188,8 +188,19 @@ def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen,
     save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
     (ckpt_path.parent / "loss_history.json").write_text(json.dumps(history))
     if history:
+        _plot_history(history, ckpt_path.parent / "loss_curve.png")
+
+
+def _plot_history(history: list, path: Path) -> None:
+    """The loss curve beside the checkpoint. A failure to draw it warns instead of raising: the checkpoint is
+    saved, and raising would skip the ``--export`` that follows (issue 14's phase 11 lost its export so)."""
+    try:
         from .plot.training import plot_loss_curve
-        plot_loss_curve(history, ckpt_path.parent / "loss_curve.png")
+        plot_loss_curve(history, path)
+    except Exception as exc:  # noqa: BLE001 - any plotting failure; the weights matter, not the figure
+        import warnings
+        warnings.warn(f"loss curve not written to {str(path)!r}: {exc!r}; the checkpoint is saved (plot it with "
+                      "mar_probe.plot.training.plot_loss_curve on its loss_history)", RuntimeWarning, stacklevel=2)
 
 
 def _train_step(cfg, model, ema, opt, latents, labels, it, gen, np_rng) -> float:

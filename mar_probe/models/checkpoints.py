@@ -95,7 +95,6 @@ def read_checkpoint(path: str | Path) -> dict:
     return state
 
 
-
 def pack_history(rows) -> torch.Tensor:
     """A cumulative loss history ``[[iteration, loss, seconds], ...]`` (iterations 0, 1, ...) as a float32
     ``[N, 2]`` tensor of (loss, seconds), the row being the iteration.
@@ -114,7 +113,8 @@ def pack_history(rows) -> torch.Tensor:
 
 def history_rows(history) -> list[list[float]]:
     """``[[iteration, loss, seconds], ...]`` of a stored loss history: a packed ``[N, 2]`` tensor
-    (:func:`pack_history`, exports since issue 14's shipping) or a list of rows (run checkpoints, older exports)."""
+    (:func:`pack_history`: ``export_ema`` since issue 14's phase 11) or a list of rows (run checkpoints, older
+    exports)."""
     if isinstance(history, torch.Tensor):
         if history.ndim != 2 or history.shape[1] != 2:
             raise ValueError(f"a packed loss history is a [N, 2] tensor of (loss, seconds), got shape "
