@@ -177,12 +177,11 @@ def speed_result(model, runs: dict, started: float, before: dict) -> dict:
             "load": {"before": before, "after": BS.load_average()}, "runs": runs}
 
 
-def measure_speed(arms, args, device, on_round=None, previous: dict | None = None) -> dict:
-    """bench_strategies' rounds over every arm on ``args.preset`` (random weights; ``--quick``: a perturbed
-    mar_tiny) and the ratios of :func:`speed_table`; ``on_round(result)`` after every finished round. With
-    ``previous`` (a speed file of the same arms and settings, ``--resume``) its rounds are kept and the next ones
-    measured; its seconds and first load average carry over."""
-    model = speed_model(args).to(device).eval()
+def measure_speed(model, arms, args, on_round=None, previous: dict | None = None) -> dict:
+    """bench_strategies' rounds over every arm on ``model`` (:func:`speed_model`: ``args.preset`` with random
+    weights; ``--quick``: a perturbed mar_tiny) and the ratios of :func:`speed_table`; ``on_round(result)`` after
+    every finished round. With ``previous`` (a speed file of the same arms, settings and weights, ``--resume``) its
+    rounds are kept and the next ones measured; its seconds and first load average carry over."""
     started, before, runs = time.time(), BS.load_average(), None
     if previous is not None:
         started, before, runs = started - previous["seconds"], previous["load"]["before"], previous["runs"]
@@ -319,21 +318,24 @@ def goal_verdict(over_full: float | None, over_full_b: float | None, psnr_vs_laz
                        "psnr_vs_lazymar_hi": hi}}
 
 
+def arm_median_seconds(row: dict) -> dict:
+    """An arm's median seconds over rounds, per part (a row of :func:`combine`)."""
+    return {p: statistics.median(v) for p, v in row["speed"]["seconds_per_round"].items()}
+
+
 def goal_gap(rows: dict, goal: dict = GOAL) -> dict:
     """How far the zoo is from the goal, in seconds (a blocked goal is reported with the measurement that shows
     why): the end-to-end budgets the two speed-ups allow (``full``'s and ``full-b``'s median seconds over the
     goal's ratios) and the fastest arm by median end-to-end ratio over ``full`` among those not shown worse than
     ``lazymar`` (``fidelity_not_worse``, the weaker reading), with its median seconds per part (``None`` when no
     such arm ran); ``goal`` beside them, so that the sentence of :func:`gap_note` quotes the ratios it used."""
-    def median_seconds(label: str) -> dict:
-        return {p: statistics.median(v) for p, v in rows[label]["speed"]["seconds_per_round"].items()}
-
     kept = [k for k, r in rows.items() if k not in ("full", REFERENCE) and r["goal"]["fidelity_not_worse"]]
     fastest = max(kept, key=lambda k: rows[k]["speed"]["over_full"]["end_to_end"]["median"], default=None)
-    return {"goal": goal, "budget_seconds": {"over_full": median_seconds("full")["end_to_end"] / goal["over_full"],
-                               "over_full_b": median_seconds(REFERENCE)["end_to_end"] / goal["over_full_b"]},
+    full_s, reference_s = (arm_median_seconds(rows[k])["end_to_end"] for k in ("full", REFERENCE))
+    return {"goal": goal, "budget_seconds": {"over_full": full_s / goal["over_full"],
+                                             "over_full_b": reference_s / goal["over_full_b"]},
             "fastest_not_worse": None if fastest is None else {
-                "label": fastest, "seconds": median_seconds(fastest),
+                "label": fastest, "seconds": arm_median_seconds(rows[fastest]),
                 "over_full": rows[fastest]["speed"]["over_full"]["end_to_end"]["median"],
                 "over_full_b": rows[fastest]["speed"]["over_full_b"]["end_to_end"]["median"]}}
 
@@ -707,20 +709,21 @@ def speed_part(p, arms, args, device, command: str, speed_file: Path) -> dict:
         except ValueError as exc:
             p.error(f"--part fidelity: {exc}")
 
-    previous = resumed_speed(p, arms, args, speed_file) if args.resume else None
+    model = speed_model(args).to(device).eval()
+    previous = resumed_speed(p, arms, args, speed_file, model) if args.resume else None
     if previous is not None and previous["rounds_done"] >= args.rounds:
         return previous                                                 # every round asked for is done
 
     def save(result):
         write_speed(speed_file, arms, args, command, result)
-    measure_speed(arms, args, device, on_round=save, previous=previous)
+    measure_speed(model, arms, args, on_round=save, previous=previous)
     return read_speed(speed_file, arms)
 
 
-def resumed_speed(p, arms, args, speed_file: Path) -> dict | None:
+def resumed_speed(p, arms, args, speed_file: Path, model) -> dict | None:
     """The speed file to continue (``--resume``): None when there is none yet; ``p.error`` when it measured other
-    arms or settings (all of :data:`SPEED_SETTINGS` but ``rounds`` must agree, so that its rounds and the next ones
-    are one measurement)."""
+    arms, settings (all of :data:`SPEED_SETTINGS` but ``rounds`` must agree, so that its rounds and the next ones
+    are one measurement) or weights than ``model``'s."""
     if not speed_file.is_file():
         return None
     try:
@@ -729,7 +732,7 @@ def resumed_speed(p, arms, args, speed_file: Path) -> dict | None:
         p.error(f"--resume: {exc}")
     differ = {k: (previous["settings"].get(k), getattr(args, k)) for k in SPEED_SETTINGS
               if k != "rounds" and previous["settings"].get(k) != getattr(args, k)}
-    sha = weights_sha256(speed_model(args))                           # the same seeded random weights
+    sha = weights_sha256(model)                                        # the same seeded random weights
     if previous["weights_sha256"] != sha:
         differ["weights_sha256"] = (previous["weights_sha256"], sha)
     if differ:

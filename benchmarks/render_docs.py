@@ -106,6 +106,16 @@ def interval_text(stat: dict, spec: str, metric: str | None = None, *, bounds=No
     return f"{fmt(mean, spec)} [{fmt(lo, spec)}, {fmt(hi, spec)}]{CLIPPED if clipped else ''}"
 
 
+def interval_verdict(stat: dict, above: str, below: str, neither: str, *, what: str) -> str:
+    """``above`` when the interval of a paired difference lies above 0, ``below`` when below, else ``neither``
+    (this n does not tell them apart), so a sentence cannot claim more than its interval; ValueError naming
+    ``what`` when the statistic has no interval."""
+    lo, hi = stat.get("lo"), stat.get("hi")
+    if lo is None or hi is None:
+        raise ValueError(f"{what} has no interval (n = {stat.get('n')!r}); a verdict needs one")
+    return above if lo > 0 else below if hi < 0 else neither
+
+
 class CompareResults:
     """A committed ``results.json`` of ``mar-probe compare`` (or ``sweep``), read by the templates."""
 
@@ -151,12 +161,7 @@ class CompareResults:
         """A verdict read off the interval of a paired difference (``paired.psnr``: the arm minus its reference):
         ``above`` when the whole interval is above 0, ``below`` when it is below 0, else ``neither`` (this n does
         not tell them apart), so a sentence cannot claim more than its interval."""
-        stat = self.stat(label, keys)
-        lo, hi = stat.get("lo"), stat.get("hi")
-        if lo is None or hi is None:
-            raise ValueError(f"{self.rel!r}: {label!r} {keys!r} has no interval (n = {stat.get('n')!r}); a verdict "
-                             "needs one")
-        return above if lo > 0 else below if hi < 0 else neither
+        return interval_verdict(self.stat(label, keys), above, below, neither, what=f"{self.rel!r}: {label!r} {keys!r}")
 
     def n(self, label: str, keys: str = "fidelity.psnr") -> int:
         """The number of units behind a statistic (paired images for a fidelity metric)."""
@@ -316,18 +321,17 @@ class ZooResults:
 
     def seconds(self, label: str, part: str = "end_to_end") -> float:
         """``label``'s median seconds over rounds for ``part`` on the speed model."""
-        import statistics
-        return statistics.median(self.arms[label]["speed"]["seconds_per_round"][part])
+        import bench_zoo
+        return bench_zoo.arm_median_seconds(self.arms[label])[part]
 
     def ci(self, label: str, key: str, spec: str = ".1f") -> str:
         """``mean [lo, hi]`` of a fidelity statistic of ``label`` (``psnr_vs_lazymar``, ``frechet_vs_full``, ...)."""
         return interval_text(self.arms[label]["fidelity"][key], spec)
 
     def versus(self, label: str, key: str, above: str, below: str, neither: str) -> str:
-        """``above`` when the interval of a fidelity difference lies above 0, ``below`` when below, else
-        ``neither``: a sentence cannot claim more than its interval."""
-        stat = self.arms[label]["fidelity"][key]
-        return above if stat["lo"] > 0 else below if stat["hi"] < 0 else neither
+        """A verdict read off the interval of a fidelity difference of ``label`` (:func:`interval_verdict`)."""
+        return interval_verdict(self.arms[label]["fidelity"][key], above, below, neither,
+                                what=f"{self.rel!r}: {label!r} {key!r}")
 
     def same_flops(self, part: str = "head") -> tuple[list[str], float, float]:
         """The arms (``full`` aside) that run ``full``'s steps and whose ``part`` does exactly ``full``'s FLOPs, and
