@@ -398,6 +398,84 @@ def json_file(rel: str) -> dict:
     return json.loads(path.read_text())
 
 
+class StageResults:
+    """``training_stages.json`` (issue 14, item 4: the findings' headline measurements at several training stages),
+    read by the templates: one table of every quantity per stage, and per quantity whether it moves with training.
+
+    The verdict compares 95% intervals (disjoint = told apart; overlapping intervals are read as *not shown* to
+    differ, which is conservative): the first trained stage against the last (does it still move?) and the random
+    initialisation against the last (is it there before any training, i.e. a property of the architecture and the
+    decoding schedule?)."""
+
+    def __init__(self, rel: str = "training_stages.json"):
+        self.data = json_file(rel)
+        self.stages = list(self.data["stages"])
+        if len(self.stages) < 3:
+            raise ValueError(f"{rel!r} has stages {self.stages!r}; a verdict needs the initialisation and two "
+                             "trained stages")
+        self.rows = {(r["stage"], r["quantity"]): r for r in self.data["rows"]}
+        self.quantities = list(dict.fromkeys(r["quantity"] for r in self.data["rows"]))
+
+    @staticmethod
+    def _apart(a: dict, b: dict) -> int:
+        """+1 when ``b``'s interval lies above ``a``'s, -1 below, 0 when they overlap (or one has none)."""
+        if None in (a.get("lo"), a.get("hi"), b.get("lo"), b.get("hi")):
+            return 0
+        return 1 if b["lo"] > a["hi"] else -1 if b["hi"] < a["lo"] else 0
+
+    def row(self, stage: str, quantity: str) -> dict:
+        """The row of ``quantity`` at ``stage``: mean, lo, hi, n."""
+        return self.rows[(stage, quantity)]
+
+    def _trained(self, quantity: str) -> list[dict]:
+        return [self.rows[(s, quantity)] for s in self.stages[1:]]
+
+    def kind(self, quantity: str) -> str:
+        """``"moves"`` (two trained stages told apart), ``"trained"`` (initialisation and the last stage told
+        apart, no two trained stages) or ``"architecture"`` (neither)."""
+        trained = self._trained(quantity)
+        if any(self._apart(a, b) for i, a in enumerate(trained) for b in trained[i + 1:]):
+            return "moves"
+        return "trained" if self._apart(self.rows[(self.stages[0], quantity)], trained[-1]) else "architecture"
+
+    def verdict(self, quantity: str) -> str:
+        """How ``quantity`` behaves across the stages, in words a table cell can hold."""
+        first, last = self.stages[1], self.stages[-1]
+        kind = self.kind(quantity)
+        if kind == "moves":
+            steps = []  # consecutive trained stages: the path, which need not be monotone
+            for a, b in zip(self.stages[1:], self.stages[2:]):
+                sign = self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)])
+                steps.append(f"{'up' if sign > 0 else 'down' if sign < 0 else 'no change shown'} `{a}` to `{b}`")
+            return "moves with training: " + ", ".join(steps)
+        if kind == "trained":
+            return f"differs from initialisation; no two trained stages (`{first}` to `{last}`) told apart"
+        return "not told apart from initialisation: architecture and schedule"
+
+    def sign(self, quantity: str, than) -> int:
+        """+1 when ``quantity``'s interval lies above ``than`` (another quantity's interval, or a number) at every
+        trained stage, -1 below at every one, 0 otherwise: whether a comparison the findings draw survives training."""
+        others = self._trained(than) if isinstance(than, str) else [dict(lo=than, hi=than)] * (len(self.stages) - 1)
+        signs = {self._apart(o, q) for o, q in zip(others, self._trained(quantity))}
+        return signs.pop() if len(signs) == 1 else 0
+
+    def of_kind(self, kind: str) -> str:
+        """The quantities of one :meth:`kind` in table order, as text (``*a*; *b*``); a quantity with the same value
+        at every stage (chance: the random selector's precision is K / N by construction) is left out."""
+        def constant(q):
+            return len({(self.rows[(s, q)]["mean"], self.rows[(s, q)]["lo"]) for s in self.stages}) == 1
+        return "; ".join(f"*{q}*" for q in self.quantities if self.kind(q) == kind and not constant(q))
+
+    def table(self, spec: str = ".3g") -> str:
+        """Markdown: a row per quantity, its mean [95% interval] per stage and the verdict."""
+        lines = ["| quantity | " + " | ".join(f"`{s}`" for s in self.stages) + " | across stages |",
+                 "|---|" + "---:|" * len(self.stages) + "---|"]
+        for q in self.quantities:
+            cells = [interval_text(self.rows[(s, q)], spec) for s in self.stages]
+            lines.append(f"| {q} | " + " | ".join(cells) + f" | {self.verdict(q)} |")
+        return "\n".join(lines)
+
+
 # issue 14's quality targets for the embedded default (class accuracy, worst class's accuracy, Fréchet ratio)
 TARGETS = {"class_accuracy": 0.90, "worst_class": 0.60, "frechet_ratio": 5.0}
 
@@ -699,7 +777,7 @@ def render(page: str) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
     env.globals.update(compare=CompareResults, shadow=ShadowErrors, summary=SummaryResults, bench=BenchResults,
-                       zoo=ZooResults,
+                       zoo=ZooResults, stage_results=StageResults,
                        seed_difference=seed_difference, table=table, csv_rows=csv_rows, csv_mean=csv_mean,
                        json_file=json_file, fmt=fmt, checkpoint=TrainingCheckpoint, progress=ProgressResults,
                        worst_class=worst_class, per_class_text=per_class_text, target_misses=target_misses,

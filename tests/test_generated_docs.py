@@ -76,3 +76,50 @@ def test_verdicts_follow_the_interval_and_need_one(tmp_path, monkeypatch, psnr, 
     res.data["strategies"]["m"]["fidelity"]["psnr"].update(lo=None, hi=None, n=1)
     with pytest.raises(ValueError, match=r"'a': 'm' 'fidelity.psnr' has no interval \(n = 1\); a verdict needs one"):
         res.versus("m", "fidelity.psnr", "above", "below", "neither")
+
+
+def _stage_file(tmp_path, monkeypatch, values: dict) -> "R.StageResults":
+    """A training_stages.json of one quantity: ``values`` = {stage: (mean, lo, hi)}."""
+    rows = [dict(stage=s, quantity="q", mean=m, lo=lo, hi=hi, n=10) for s, (m, lo, hi) in values.items()]
+    (tmp_path / "training_stages.json").write_text(json.dumps(
+        {"stages": {s: {"source": s} for s in values}, "settings": {}, "rows": rows}))
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    return R.StageResults()
+
+
+@pytest.mark.parametrize("values, kind, words", [
+    # the trained stages told apart: moves, with its direction
+    ({"init": (1, 0.9, 1.1), "a": (2, 1.9, 2.1), "b": (3, 2.9, 3.1)}, "moves", "up `a` to `b`"),
+    ({"init": (1, 0.9, 1.1), "a": (3, 2.9, 3.1), "b": (2, 1.9, 2.1)}, "moves", "down `a` to `b`"),
+    # trained stages overlap, initialisation apart from the last: set by training
+    ({"init": (1, 0.9, 1.1), "a": (2, 1.5, 2.5), "b": (2.2, 2.0, 2.4)}, "trained", "differs from initialisation"),
+    # touching intervals are not told apart (a strict inequality), so everything overlaps: architecture
+    ({"init": (1, 0.5, 1.5), "a": (2, 1.5, 2.5), "b": (1.2, 0.8, 1.6)}, "architecture", "initialisation: archit"),
+])
+def test_stage_verdicts_follow_disjoint_intervals(tmp_path, monkeypatch, values, kind, words):
+    st = _stage_file(tmp_path, monkeypatch, values)
+    assert st.kind("q") == kind
+    assert words in st.verdict("q")
+    assert st.of_kind(kind) == "*q*"
+    assert "| q | 1.00 [" in st.table() and words in st.table()
+
+
+def test_stage_reading_needs_two_trained_stages_and_drops_constants(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"stages \['init', 'a'\].*two trained stages"):
+        _stage_file(tmp_path, monkeypatch, {"init": (1, 0.9, 1.1), "a": (2, 1.9, 2.1)})
+    st = _stage_file(tmp_path, monkeypatch, {s: (0.2, 0.2, 0.2) for s in ("init", "a", "b")})
+    assert st.kind("q") == "architecture" and st.of_kind("architecture") == ""
+
+
+def test_stage_comparisons_hold_only_when_disjoint_at_every_trained_stage(tmp_path, monkeypatch):
+    rows = [dict(stage=s, quantity=q, mean=m, lo=m - 0.1, hi=m + 0.1, n=10)
+            for s, values in {"init": (0.5, 0.5, 0.5), "a": (0.9, 0.5, 0.55), "b": (0.8, 0.5, 0.3)}.items()
+            for q, m in zip(("hi", "chance", "wobbly"), values)]
+    (tmp_path / "training_stages.json").write_text(json.dumps(
+        {"stages": {s: {"source": s} for s in ("init", "a", "b")}, "settings": {}, "rows": rows}))
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    st = R.StageResults()
+    assert st.sign("hi", "chance") == 1 and st.sign("chance", "hi") == -1
+    assert st.sign("hi", 0.65) == 1 and st.sign("hi", 0.75) == 0       # 0.8 +- 0.1 at b covers 0.75
+    assert st.sign("wobbly", "chance") == 0                                # overlaps at a, below at b
+    assert st.verdict("wobbly") == "moves with training: down `a` to `b`"
