@@ -403,7 +403,7 @@ class StageResults:
     read by the templates: one table of every quantity per stage, and per quantity whether it moves with training.
 
     The verdict compares 95% intervals (disjoint = told apart; overlapping intervals are read as *not shown* to
-    differ, which is conservative): the first trained stage against the last (does it still move?) and the random
+    differ, which is conservative): every pair of trained stages (does it still move?) and the random
     initialisation against the last (is it there before any training, i.e. a property of the architecture and the
     decoding schedule?)."""
 
@@ -443,10 +443,16 @@ class StageResults:
         first, last = self.stages[1], self.stages[-1]
         kind = self.kind(quantity)
         if kind == "moves":
-            steps = []  # consecutive trained stages: the path, which need not be monotone
-            for a, b in zip(self.stages[1:], self.stages[2:]):
-                sign = self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)])
-                steps.append(f"{'up' if sign > 0 else 'down' if sign < 0 else 'no change shown'} `{a}` to `{b}`")
+            # the path over consecutive trained stages (it need not be monotone); when no consecutive pair is told
+            # apart, the first pair that is
+            pairs = list(zip(self.stages[1:], self.stages[2:]))
+            signs = [self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)]) for a, b in pairs]
+            if not any(signs):
+                pairs = [(a, b) for i, a in enumerate(self.stages[1:], 1) for b in self.stages[i + 1:]
+                         if self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)])][:1]
+                signs = [self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)]) for a, b in pairs]
+            steps = [f"{'up' if s > 0 else 'down' if s < 0 else 'no change shown'} `{a}` to `{b}`"
+                     for (a, b), s in zip(pairs, signs)]
             return "moves with training: " + ", ".join(steps)
         if kind == "trained":
             return f"differs from initialisation; no two trained stages (`{first}` to `{last}`) told apart"

@@ -123,3 +123,10 @@ def test_stage_comparisons_hold_only_when_disjoint_at_every_trained_stage(tmp_pa
     assert st.sign("hi", 0.65) == 1 and st.sign("hi", 0.75) == 0       # 0.8 +- 0.1 at b covers 0.75
     assert st.sign("wobbly", "chance") == 0                                # overlaps at a, below at b
     assert st.verdict("wobbly") == "moves with training: down `a` to `b`"
+
+
+def test_a_move_between_distant_stages_is_named_when_no_neighbours_differ(tmp_path, monkeypatch):
+    st = _stage_file(tmp_path, monkeypatch, {"init": (0, -0.1, 0.1), "a": (1, 0.9, 1.1), "b": (1.15, 0.95, 1.35),
+                                             "c": (1.3, 1.2, 1.4)})
+    assert st.kind("q") == "moves"
+    assert st.verdict("q") == "moves with training: up `a` to `c`"
