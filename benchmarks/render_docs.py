@@ -430,13 +430,20 @@ class StageResults:
     def _trained(self, quantity: str) -> list[dict]:
         return [self.rows[(s, quantity)] for s in self.stages[1:]]
 
+    def _pairs(self, quantity: str) -> list[tuple[str, str, int]]:
+        """``(earlier, later, sign)`` for every pair of trained stages, consecutive pairs first; ``sign`` is
+        :meth:`_apart` of the two intervals."""
+        trained = self.stages[1:]
+        pairs = [(a, b) for gap in range(1, len(trained)) for a, b in zip(trained, trained[gap:])]
+        return [(a, b, self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)])) for a, b in pairs]
+
     def kind(self, quantity: str) -> str:
         """``"moves"`` (two trained stages told apart), ``"trained"`` (initialisation and the last stage told
         apart, no two trained stages) or ``"architecture"`` (neither)."""
-        trained = self._trained(quantity)
-        if any(self._apart(a, b) for i, a in enumerate(trained) for b in trained[i + 1:]):
+        if any(sign for _, _, sign in self._pairs(quantity)):
             return "moves"
-        return "trained" if self._apart(self.rows[(self.stages[0], quantity)], trained[-1]) else "architecture"
+        init, last = (self.rows[(s, quantity)] for s in (self.stages[0], self.stages[-1]))
+        return "trained" if self._apart(init, last) else "architecture"
 
     def verdict(self, quantity: str) -> str:
         """How ``quantity`` behaves across the stages, in words a table cell can hold."""
@@ -445,15 +452,12 @@ class StageResults:
         if kind == "moves":
             # the path over consecutive trained stages (it need not be monotone); when no consecutive pair is told
             # apart, the first pair that is
-            pairs = list(zip(self.stages[1:], self.stages[2:]))
-            signs = [self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)]) for a, b in pairs]
-            if not any(signs):
-                pairs = [(a, b) for i, a in enumerate(self.stages[1:], 1) for b in self.stages[i + 1:]
-                         if self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)])][:1]
-                signs = [self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)]) for a, b in pairs]
-            steps = [f"{'up' if s > 0 else 'down' if s < 0 else 'no change shown'} `{a}` to `{b}`"
-                     for (a, b), s in zip(pairs, signs)]
-            return "moves with training: " + ", ".join(steps)
+            pairs = self._pairs(quantity)
+            path = pairs[:len(self.stages) - 2]
+            if not any(sign for _, _, sign in path):
+                path = [next(p for p in pairs if p[2])]
+            return "moves with training: " + ", ".join(
+                f"{'up' if s > 0 else 'down' if s < 0 else 'no change shown'} `{a}` to `{b}`" for a, b, s in path)
         if kind == "trained":
             return f"differs from initialisation; no two trained stages (`{first}` to `{last}`) told apart"
         return "not told apart from initialisation: architecture and schedule"
