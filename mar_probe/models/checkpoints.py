@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .._io import load_weights
@@ -95,26 +96,40 @@ def read_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def pack_history(rows) -> torch.Tensor:
-    """A cumulative loss history ``[[iteration, loss, seconds], ...]`` (iterations 0, 1, ...) as a float32
-    ``[N, 2]`` tensor of (loss, seconds), the row being the iteration.
+def pack_history(rows) -> dict[str, torch.Tensor]:
+    """A cumulative loss history ``[[iteration, loss, seconds], ...]`` (iterations 0, 1, ...) packed as two vectors:
+    ``loss`` (float32) and ``step_seconds`` (float16, each iteration's own seconds: the cumulative ones' differences).
 
-    An export of a MAR-B-deep model holds 24.85 MB of EMA weights and must stay under 25 MB (issue 14), while its
-    history grows by ~1,000 rows per training phase: pickled as lists, a row costs ~27 bytes; packed, 8. float32
-    keeps seconds to ~4 ms at 60,000 s and the loss to 7 digits, more than the model card shows.
+    An export of a MAR-B-deep model holds 24.86 MB of EMA weights and must stay under 25 MB (issue 14), while its
+    history grows by ~1,000 rows per training phase: pickled as lists, a row costs ~27 bytes; as float32 (loss,
+    cumulative seconds), 8 (exports of phases 11-14), which left 50 KB after 10,600 rows; now 6. The loss keeps its
+    float32 digits (the card prints it to 4 decimals); float16 keeps a 5 s step to 4 ms and a 40 s stall to 31 ms,
+    and as each step is rounded with what the earlier roundings left over, summing them back in float64 gives every
+    cumulative second within half a step's rounding (steps of one length rounded alike would otherwise add up).
     """
     rows = [list(r) for r in rows]
     its = [int(r[0]) for r in rows]
     if its != list(range(len(rows))):
         raise ValueError(f"a packed loss history needs iterations 0, 1, ..., {len(rows) - 1}, got {its[:3]!r} ... "
                          f"{its[-1:]!r}")
-    return torch.tensor([[r[1], r[2]] for r in rows], dtype=torch.float32).reshape(len(rows), 2)  # [N, 2]
+    steps, summed = [], 0.0
+    for r in rows:  # each step rounds what the rounded steps before it left over, so errors do not add up
+        steps.append(float(np.float16(r[2] - summed)))
+        summed += steps[-1]
+    return {"loss": torch.tensor([r[1] for r in rows], dtype=torch.float32),       # [N]
+            "step_seconds": torch.tensor(steps, dtype=torch.float16)}             # [N]
 
 
 def history_rows(history) -> list[list[float]]:
-    """``[[iteration, loss, seconds], ...]`` of a stored loss history: a packed ``[N, 2]`` tensor
-    (:func:`pack_history`: ``export_ema`` since issue 14's phase 11) or a list of rows (run checkpoints, older
-    exports)."""
+    """``[[iteration, loss, seconds], ...]`` of a stored loss history: packed as ``{"loss", "step_seconds"}``
+    vectors (:func:`pack_history`), as a float32 ``[N, 2]`` tensor of (loss, cumulative seconds) (exports
+    of issue 14's phases 11-14), or a list of rows (run checkpoints, older exports)."""
+    if isinstance(history, dict):
+        if set(history) != {"loss", "step_seconds"} or history["loss"].shape != history["step_seconds"].shape:
+            raise ValueError(f"a packed loss history is {{'loss': [N], 'step_seconds': [N]}}, got "
+                             f"{ {k: tuple(v.shape) for k, v in history.items()}!r}")
+        seconds = torch.cumsum(history["step_seconds"].double(), 0)
+        return [[i, loss, t] for i, (loss, t) in enumerate(zip(history["loss"].double().tolist(), seconds.tolist()))]
     if isinstance(history, torch.Tensor):
         if history.ndim != 2 or history.shape[1] != 2:
             raise ValueError(f"a packed loss history is a [N, 2] tensor of (loss, seconds), got shape "
