@@ -31,6 +31,7 @@ import csv
 import difflib
 import json
 import math
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -556,6 +557,21 @@ class Phase:
         """Mean loss of the phase's last 100 iterations (all of them when it ran fewer)."""
         tail = self.losses[-100:]
         return sum(tail) / len(tail)
+
+    @property
+    def loss_last100_sem(self) -> float:
+        """Standard error of :attr:`loss_last100` (the iterations' sample standard deviation over the root of
+        their count)."""
+        tail = self.losses[-100:]
+        return statistics.stdev(tail) / len(tail) ** 0.5 if len(tail) > 1 else float("nan")
+
+    def loss_after_warmup(self, n: int = 200) -> float:
+        """Mean loss of the ``n`` iterations after the phase's learning-rate warm-up, at about its peak rate (all
+        after the warm-up when it ran fewer): beside the previous phase's :attr:`loss_last100`, what a warm restart
+        to the peak rate costs the loss (issue 14)."""
+        w = self.config.get("warmup_iters", 0)
+        window = self.losses[w:w + n] or self.losses[-n:]
+        return sum(window) / len(window)
 
     @property
     def outcome(self) -> str:

@@ -1,7 +1,8 @@
 """Two benchmarks' own logic, without their hours of CPU: bench_train.py's variants are checked against the known
 ones (the error lists them) and the CPU's bf16-related flags are read as booleans (issue 14: bf16 autocast paid on
 one Xeon and not another); screen_sampling.py reuses an earlier screen's rows only for the same weights and
-protocol, and refuses a malformed setting with the form it expects."""
+protocol, and refuses a malformed setting with the form it expects; time_study.py alternates the embedded default
+and a candidate (issue 14: the study must still take about a minute on the new default) and takes their ratio."""
 import argparse
 import json
 import sys
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_train as BT  # noqa: E402
 import screen_sampling as SS  # noqa: E402
+import time_study as TS  # noqa: E402
 
 
 def test_variants_keep_their_order_and_unknown_ones_are_refused_with_the_valid_ones():
@@ -51,3 +53,20 @@ def test_screen_settings_parse_and_a_malformed_one_is_refused_with_the_form():
     assert SS.parse_settings("1.0:3.0,0.6:2.0") == ((1.0, 3.0), (0.6, 2.0))
     with pytest.raises(argparse.ArgumentTypeError, match=r"TEMPERATURE:CFG.*got '0.6-2.0'"):
         SS.parse_settings("0.6-2.0")
+
+
+def test_the_study_timing_alternates_default_and_candidate_and_takes_the_ratio_of_medians(tmp_path, monkeypatch):
+    calls = []
+    walls = iter([30.0, 45.0, 34.0, 60.0, 32.0, 48.0])
+
+    def fake(out, nice=0, checkpoint=None):
+        calls.append(checkpoint)
+        return {"wall_s": next(walls), "checkpoint": checkpoint}
+
+    monkeypatch.setattr(TS, "time_study", fake)
+    record = TS.time_versus(tmp_path / "out", "cand.pth", rounds=3)
+    assert calls == [None, "cand.pth"] * 3                        # alternating, so the load falls on both alike
+    assert record["median_wall_s"] == {"default": 32.0, "versus": 48.0} and record["ratio"] == 1.5
+    assert [r["wall_s"] for r in record["versus"]] == [45.0, 60.0, 48.0]
+    with pytest.raises(SystemExit):
+        TS.main(["--versus", str(tmp_path / "absent.pth")])

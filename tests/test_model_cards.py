@@ -1,5 +1,7 @@
 """The model cards' reader of training checkpoints (benchmarks/render_docs.py): phases split by
 ``phase_iterations`` (or each phase's ``iters``), wall seconds that survive a clock restart, and loud errors."""
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -38,6 +40,23 @@ def test_phase_iterations_win_and_a_phase_stopped_by_the_clock_says_so(tmp_path,
     p0, p1 = R.TrainingCheckpoint("m.pth").phases
     assert (p0.iterations, p0.outcome) == (2, "stopped by the clock")
     assert (p1.iterations, p1.outcome) == (2, "stopped early")
+
+
+def test_the_loss_after_the_warm_up_and_the_last_100_iterations_standard_error(tmp_path, monkeypatch):
+    """The phase table's restart column (issue 14): the mean of the n iterations after the phase's warm-up, beside
+    the previous phase's last-100 mean and its standard error."""
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    # phase 0: 4 iterations, warm-up 1; phase 1: 5 iterations, warm-up 2, losses 9 9 | 3 4 5
+    losses = [2.0, 1.0, 0.5, 0.3] + [9.0, 9.0, 3.0, 4.0, 5.0]
+    history = [[i, v, float(i + 1)] for i, v in enumerate(losses)]
+    _save(tmp_path, history, [{"iters": 4, "warmup_iters": 1}, {"iters": 5, "warmup_iters": 2}])
+    p0, p1 = R.TrainingCheckpoint("m.pth").phases
+    assert p0.loss_after_warmup(2) == pytest.approx(0.75) and p1.loss_after_warmup(2) == pytest.approx(3.5)
+    assert p1.loss_after_warmup() == pytest.approx(4.0)             # fewer than n after the warm-up: all of them
+    assert p1.loss_last100_sem == pytest.approx(statistics.stdev(losses[4:]) / 5 ** 0.5)
+    _save(tmp_path, [[0, 1.0, 1.0]], [{"iters": 1, "warmup_iters": 5}])
+    (only,) = R.TrainingCheckpoint("m.pth").phases
+    assert only.loss_after_warmup() == 1.0 and math.isnan(only.loss_last100_sem)   # still warming up: its tail
 
 
 def test_iteration_counts_that_do_not_add_up_are_refused(tmp_path, monkeypatch):
