@@ -102,7 +102,7 @@ def pack_history(rows) -> dict[str, torch.Tensor]:
 
     An export of a MAR-B-deep model holds 24.86 MB of EMA weights and must stay under 25 MB (issue 14), while its
     history grows by ~1,000 rows per training phase: pickled as lists, a row costs ~27 bytes; as float32 (loss,
-    cumulative seconds), 8 (exports of phases 11-14), which left 50 KB after 10,600 rows; now 6. The loss keeps its
+    cumulative seconds), 8 (exports of phases 11-13), which left 50 KB after 10,600 rows; now 6. The loss keeps its
     float32 digits (the card prints it to 4 decimals); float16 keeps a 5 s step to 4 ms and a 40 s stall to 31 ms,
     and as each step is rounded with what the earlier roundings left over, summing them back in float64 gives every
     cumulative second within half a step's rounding (steps of one length rounded alike would otherwise add up).
@@ -123,7 +123,7 @@ def pack_history(rows) -> dict[str, torch.Tensor]:
 def history_rows(history) -> list[list[float]]:
     """``[[iteration, loss, seconds], ...]`` of a stored loss history: packed as ``{"loss", "step_seconds"}``
     vectors (:func:`pack_history`), as a float32 ``[N, 2]`` tensor of (loss, cumulative seconds) (exports
-    of issue 14's phases 11-14), or a list of rows (run checkpoints, older exports)."""
+    of issue 14's phases 11-13), or a list of rows (run checkpoints, older exports)."""
     if isinstance(history, dict):
         if set(history) != {"loss", "step_seconds"} or history["loss"].shape != history["step_seconds"].shape:
             raise ValueError(f"a packed loss history is {{'loss': [N], 'step_seconds': [N]}}, got "
