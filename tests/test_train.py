@@ -164,7 +164,7 @@ def test_export_of_a_warm_start_carries_the_earlier_phases(tmp_path):
 def test_packed_history_round_trips_and_refuses_gaps():
     """Exports pack the loss history (6 bytes a row instead of ~27 pickled or 8 as float32 pairs: issue 14's 25 MB);
     reading it back gives the loss to float32 precision and cumulative seconds within float16's rounding of each step;
-    the float32 [N, 2] exports of phases 11-14 and lists still read; a gap or another layout is refused."""
+    the float32 [N, 2] exports of phases 11-13 and lists still read; a gap or another layout is refused."""
     import io
     rows = [[i, 1.0 / (i + 1), 6.01 * i + 0.123456 + (40.0 if i >= 500 else 0.0)] for i in range(10_000)]
     packed = pack_history(rows)
