@@ -13,8 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .store.writer import WriteError
-
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
@@ -469,6 +467,7 @@ def _add_train(p):
     p.add_argument("--attention", choices=["explicit", "sdpa"],
                    help="attention kernel while training (default: explicit)")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the encoder and decoder")
+    p.add_argument("--device", help="cpu (default), cuda or cuda:N; the random stream stays on the CPU")
     p.add_argument("--init", metavar="PATH",
                    help="start from this checkpoint's (EMA) weights, e.g. data/fashion_small.pth")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
@@ -483,6 +482,15 @@ def _cmd_train(args) -> int:
     if args.export:
         print(f"exported EMA weights to {export_ema(path, args.export)}")
     return 0
+
+
+def train_main(argv: list[str]) -> int:
+    """``mar-probe train ARGV`` without building the other commands' parsers, some of which import the store's
+    dependencies (zarr, xarray): for a machine that has torch and nothing else of ours, such as the accelerator
+    machine (issue 14, ``benchmarks/device_train.py``)."""
+    parser = _Parser(prog="mar-probe train", description=SUBCOMMANDS["train"][2])
+    _add_train(parser)
+    return _cmd_train(parser.parse_args(argv))
 
 
 def _add_quality(p):
@@ -785,8 +793,14 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
-# bad input or a failed write (DeviceError and MissingVariableError are ValueErrors); anything else is a bug
-EXPECTED_ERRORS = (ValueError, FileNotFoundError, WriteError)
+def _expected_errors() -> tuple[type[Exception], ...]:
+    """Bad input or a failed write (DeviceError and MissingVariableError are ValueErrors); anything else is a bug.
+
+    The store's WriteError is looked up only once its module is loaded (nothing raises it before): `mar-probe train`
+    must start where zarr is missing, such as the accelerator machine (issue 14, benchmarks/device_train.py).
+    """
+    writer = sys.modules.get("mar_probe.store.writer")
+    return (ValueError, FileNotFoundError) + ((writer.WriteError,) if writer is not None else ())
 
 
 def _name_flags(message: str, args) -> str:
@@ -808,7 +822,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt as exc:  # one line; commands that keep partial work say what and how to resume
         print(f"\nmar-probe {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
-    except EXPECTED_ERRORS as exc:  # bad input or a failed write: one line. Anything else is a bug: its traceback
+    except _expected_errors() as exc:  # bad input or a failed write: one line. Anything else is a bug: its traceback
         print(f"mar-probe {args.command}: error: {_name_flags(str(exc), args)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a permission: say which file and what to do

@@ -50,6 +50,7 @@ class TrainConfig:
     attention: str = "explicit"  # softmax-attention kernel while training (models.blocks.ATTENTION_KERNELS)
     compile: bool = False  # torch.compile the encoder and decoder (dynamic shapes; about 1-2 min to compile)
     max_minutes: float = 0.0  # >0: stop (and save) once this phase trained this long (wall time, over resumes)
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"; the random stream stays on the CPU (models.diffloss.rng_device)
 
     def __post_init__(self):
         for f in ("iters", "batch_size", "ckpt_every"):
@@ -63,6 +64,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.attention must be one of {ATTENTION_KERNELS!r}, got {self.attention!r}")
         if not (self.max_minutes >= 0 and math.isfinite(self.max_minutes)):
             raise ValueError(f"TrainConfig.max_minutes must be a finite number >= 0, got {self.max_minutes!r}")
+        if not _is_device_name(self.device):
+            raise ValueError(f"TrainConfig.device must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index), "
+                             f"got {self.device!r}")
         if self.lr <= 0 or not 0 <= self.ema_rate < 1:
             raise ValueError(f"need lr > 0 and 0 <= ema_rate < 1, got lr={self.lr!r}, ema_rate={self.ema_rate!r}")
 
@@ -72,6 +76,24 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         return cls(**checked_fields(cls, data))
+
+
+def _is_device_name(name) -> bool:
+    kind, colon, index = str(name).partition(":")
+    return name == "cpu" or kind == "cuda" and (not colon or index.isdigit())
+
+
+def training_device(cfg: TrainConfig) -> torch.device:
+    """The device to train on, checked against what this machine has (a CUDA device needs a CUDA build of torch
+    and a visible GPU: ``pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128``)."""
+    device = torch.device(cfg.device)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise RuntimeError(f"TrainConfig.device={cfg.device!r} but this machine has {count} CUDA device(s) "
+                               f"(torch {torch.__version__}, CUDA build: {torch.version.cuda is not None}); "
+                               "train with device='cpu' or on a machine with a GPU")
+    return device
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -117,9 +139,11 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     ckpt_path = out / "checkpoint-last.pth"
+    device = training_device(cfg)
     torch.manual_seed(cfg.seed)
     model = MAR(preset_config(cfg.preset))
     ema = copy.deepcopy(model).eval()
+    model.to(device), ema.to(device)  # before the optimizer: a resumed optimizer state follows its parameters
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     gen, np_rng = torch.Generator().manual_seed(cfg.seed), np.random.default_rng(cfg.seed)
     start, history = 0, []
@@ -134,7 +158,7 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
             np_rng.bit_generator.state = state["rng_state"]["numpy"]
     elif cfg.init:
         _warm_start(model, ema, cfg.init)
-    latents, labels = _load_training_latents(cfg, model)
+    latents, labels = (t.to(device) for t in _load_training_latents(cfg, model))
     _prepare_for_speed(cfg, model)
     out.mkdir(parents=True, exist_ok=True)  # only now: a bad preset, init or dataset leaves no folder
     _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng)
@@ -206,8 +230,8 @@ def _plot_history(history: list, path: Path) -> None:
 def _train_step(cfg, model, ema, opt, latents, labels, it, gen, np_rng) -> float:
     for g in opt.param_groups:
         g["lr"] = lr_at(cfg, it)
-    idx = torch.randint(0, latents.shape[0], (cfg.batch_size,), generator=gen)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.amp == "bf16"):
+    idx = torch.randint(0, latents.shape[0], (cfg.batch_size,), generator=gen).to(latents.device)
+    with torch.autocast(latents.device.type, dtype=torch.bfloat16, enabled=cfg.amp == "bf16"):
         loss = model(latents[idx], labels[idx], generator=gen, np_rng=np_rng)
     opt.zero_grad(set_to_none=True)
     loss.backward()

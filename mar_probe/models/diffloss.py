@@ -18,6 +18,13 @@ def modulate(x, shift, scale):
     return x * (1 + scale) + shift
 
 
+def rng_device(generator: torch.Generator | None, device) -> torch.device:
+    """Where a draw from ``generator`` must be made: on the generator's own device (a CPU generator cannot draw on a
+    GPU), else on ``device``. Training keeps its generator on the CPU whatever its device, so a run's random stream
+    (orders, label drops, timesteps, noise) is the same on every device; on the CPU nothing moves."""
+    return generator.device if generator is not None else torch.device(device)
+
+
 class TimestepEmbedder(nn.Module):
     """Sinusoidal timestep features followed by a two-layer MLP."""
 
@@ -158,9 +165,10 @@ class DiffLoss(nn.Module):
 
     def forward(self, target, z, mask=None, generator: torch.Generator | None = None):
         """Training loss; timesteps and noise come from ``generator`` (default: torch's global one)."""
-        t = torch.randint(0, self.train_diffusion.num_timesteps, (target.shape[0],), device=target.device,
-                          generator=generator)
-        noise = torch.randn(target.shape, device=target.device, generator=generator)
+        rng = rng_device(generator, target.device)  # a CPU generator draws on the CPU also for a GPU run
+        t = torch.randint(0, self.train_diffusion.num_timesteps, (target.shape[0],), device=rng,
+                          generator=generator).to(target.device)
+        noise = torch.randn(target.shape, device=rng, generator=generator).to(target.device)
         loss = self.train_diffusion.training_losses(self.net, target, t, z, noise=noise)
         if mask is not None:
             loss = (loss * mask).sum() / mask.sum()

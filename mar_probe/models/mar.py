@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from .blocks import Block, HookPoint
 from .config import MARConfig
-from .diffloss import DiffLoss
+from .diffloss import DiffLoss, rng_device
 
 
 class MAR(nn.Module):
@@ -134,7 +134,8 @@ class MAR(nn.Module):
         mask = torch.zeros(b, L, device=x.device).scatter(-1, orders[:, :num_masked], 1.0)
         drop = None
         if self.training:
-            drop = torch.rand(b, generator=generator, device=x.device) < self.label_drop_prob
+            drop = torch.rand(b, generator=generator, device=rng_device(generator, x.device)).to(x.device)
+            drop = drop < self.label_drop_prob
         z = self.forward_mae_decoder(self.forward_mae_encoder(x, mask, self.class_embedding(labels, drop)), mask)
         return self.forward_loss(z, x, mask, orders[:, :num_masked], generator)
 
@@ -162,4 +163,5 @@ class MAR(nn.Module):
 
 def sample_orders_torch(bsz, seq_len, generator=None, device="cpu"):
     """Random generation orders [B, L] from a torch generator."""
-    return torch.stack([torch.randperm(seq_len, generator=generator) for _ in range(bsz)]).to(device)
+    rng = rng_device(generator, "cpu")
+    return torch.stack([torch.randperm(seq_len, generator=generator, device=rng) for _ in range(bsz)]).to(device)
