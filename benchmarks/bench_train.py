@@ -18,11 +18,9 @@ was not enough on one Xeon (issue 14, phase 8), so the file records the CPU's bf
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,39 +44,19 @@ def parse_variants(text: str) -> tuple[str, ...]:
     return names
 
 
-@dataclass
-class Trainee:
-    """One variant's model, EMA, optimiser and random streams."""
-    cfg: object
-    model: object
-    ema: object
-    opt: object
-    gen: object
-    np_rng: object
+def _setup(preset: str, variant: dict, batch_size: int):
+    """One variant's model, EMA, optimiser and random streams (seed 0, like every other variant)."""
+    from mar_probe.train import TrainConfig, TrainState, _prepare_for_speed
+    state = TrainState.create(TrainConfig(preset=preset, batch_size=batch_size, **variant))
+    _prepare_for_speed(state.cfg, state.model)
+    return state
 
 
-def _setup(preset: str, variant: dict, batch_size: int) -> Trainee:
-    import numpy as np
-    import torch
-
-    from mar_probe.models import MAR, preset_config
-    from mar_probe.train import TrainConfig, _prepare_for_speed
-    cfg = TrainConfig(preset=preset, batch_size=batch_size, **variant)
-    torch.manual_seed(0)
-    model = MAR(preset_config(preset))
-    ema = copy.deepcopy(model)
-    _prepare_for_speed(cfg, model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return Trainee(cfg=cfg, model=model.train(), ema=ema, opt=opt, gen=torch.Generator().manual_seed(0),
-                   np_rng=np.random.default_rng(0))
-
-
-def _time(t: Trainee, latents, labels, start: int, iters: int) -> list[float]:
-    from mar_probe.train import _train_step
+def _time(state, latents, labels, start: int, iters: int) -> list[float]:
     times = []
     for it in range(start, start + iters):
         t0 = time.perf_counter()
-        _train_step(t.cfg, t.model, t.ema, t.opt, latents, labels, it, t.gen, t.np_rng)
+        state.step(latents, labels, it)
         times.append(time.perf_counter() - t0)
     return times
 

@@ -455,10 +455,11 @@ def _cmd_tune(args) -> int:
 
 
 def _add_train(p):
-    p.add_argument("--preset", default="fashion_small", help="model preset to train (default: fashion_small)")
+    # defaults of None throughout: TrainConfig holds the one default of each (its help names it)
+    p.add_argument("--preset", help="model preset to train (default: TrainConfig's, fashion_small)")
     p.add_argument("--data", dest="data_dir", help="folder with the Fashion-MNIST IDX files")
     p.add_argument("--dataset", choices=["fashion", "digits"], help="fashion (default) or scikit-learn's 8x8 digits")
-    p.add_argument("--out", dest="out_dir", default="runs/train", help="checkpoint folder (default: runs/train)")
+    p.add_argument("--out", dest="out_dir", help="checkpoint folder (default: TrainConfig's, runs/train)")
     for name, typ in (("iters", int), ("batch-size", int), ("lr", float), ("min-lr", float), ("warmup-iters", int),
                       ("weight-decay", float), ("grad-clip", float), ("ema-rate", float), ("ckpt-every", int),
                       ("seed", int), ("threads", int), ("max-minutes", float)):

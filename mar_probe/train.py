@@ -116,15 +116,69 @@ def _load_training_latents(cfg: TrainConfig, model: MAR):
     return tok.encode(images), torch.as_tensor(labels)  # [N, C*s*s, h, w], [N]
 
 
-def save_checkpoint(path: Path, model, ema, opt, it, cfg, history, rng=None) -> None:
-    """Atomically write a checkpoint in the official layout plus mar_probe's configs and RNG state."""
-    state = {"rng_state": rng or {}, "model": model.state_dict(), "model_ema": ema.state_dict(),
-             "optimizer": opt.state_dict(),
-             "epoch": it, "args": argparse.Namespace(**cfg.to_dict()),
-             "mar_probe_config": model.config.to_dict(), "train_config": cfg.to_dict(), "loss_history": history}
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+@dataclass(kw_only=True)
+class TrainState:
+    """One run's model, EMA, optimiser and random streams: what an iteration advances and a checkpoint keeps.
+
+    ``gen`` draws the generation orders, label drops, timesteps, noise and batch indices; it stays on the CPU whatever
+    the device (``models.diffloss.rng_device``). ``np_rng`` draws the mask ratio (scipy's truncated normal).
+    """
+    cfg: TrainConfig
+    model: MAR
+    ema: MAR
+    opt: torch.optim.Optimizer
+    gen: torch.Generator
+    np_rng: np.random.Generator
+
+    @classmethod
+    def create(cls, cfg: TrainConfig, device: torch.device | str = "cpu") -> TrainState:
+        """Random weights from ``cfg.seed`` (the same on every device: made on the CPU, then moved)."""
+        torch.manual_seed(cfg.seed)
+        model = MAR(preset_config(cfg.preset))
+        ema = copy.deepcopy(model).eval()
+        model.to(device), ema.to(device)  # before the optimizer: a resumed optimizer state follows its parameters
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        return cls(cfg=cfg, model=model, ema=ema, opt=opt, gen=torch.Generator().manual_seed(cfg.seed),
+                   np_rng=np.random.default_rng(cfg.seed))
+
+    def rng_state(self) -> dict:
+        return {"torch": self.gen.get_state(), "numpy": self.np_rng.bit_generator.state}
+
+    def restore(self, state: dict) -> tuple[int, list]:
+        """Load a checkpoint written by :meth:`save`; return (iterations done, loss history)."""
+        self.model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["model_ema"])
+        self.opt.load_state_dict(state["optimizer"])
+        if state.get("rng_state"):
+            self.gen.set_state(state["rng_state"]["torch"])
+            self.np_rng.bit_generator.state = state["rng_state"]["numpy"]
+        return state["epoch"], list(state["loss_history"])
+
+    def save(self, path: Path, done: int, history: list, rng: dict) -> None:
+        """Atomically write a checkpoint in the official layout plus mar_probe's configs and the RNG state ``rng``
+        (taken after iteration ``done``, so that a resume repeats no draw)."""
+        state = {"rng_state": rng, "model": self.model.state_dict(), "model_ema": self.ema.state_dict(),
+                 "optimizer": self.opt.state_dict(), "epoch": done, "args": argparse.Namespace(**self.cfg.to_dict()),
+                 "mar_probe_config": self.model.config.to_dict(), "train_config": self.cfg.to_dict(),
+                 "loss_history": history}
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def step(self, latents: torch.Tensor, labels: torch.Tensor, it: int) -> float:
+        """Iteration ``it`` on a batch drawn from ``latents`` [N, C, H, W] and ``labels`` [N]; returns its loss."""
+        cfg = self.cfg
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(cfg, it)
+        idx = torch.randint(0, latents.shape[0], (cfg.batch_size,), generator=self.gen).to(latents.device)
+        with torch.autocast(latents.device.type, dtype=torch.bfloat16, enabled=cfg.amp == "bf16"):
+            loss = self.model(latents[idx], labels[idx], generator=self.gen, np_rng=self.np_rng)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        ema_update(self.ema, self.model, min(cfg.ema_rate, (1 + it) / (10 + it)))
+        return loss.item()
 
 
 @torch.no_grad()
@@ -137,31 +191,18 @@ def train(cfg: TrainConfig, resume: bool = True) -> Path:
     """Train (or resume) and return the path of ``checkpoint-last.pth``."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out_dir)
-    ckpt_path = out / "checkpoint-last.pth"
+    ckpt_path = Path(cfg.out_dir) / "checkpoint-last.pth"
     device = training_device(cfg)
-    torch.manual_seed(cfg.seed)
-    model = MAR(preset_config(cfg.preset))
-    ema = copy.deepcopy(model).eval()
-    model.to(device), ema.to(device)  # before the optimizer: a resumed optimizer state follows its parameters
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    gen, np_rng = torch.Generator().manual_seed(cfg.seed), np.random.default_rng(cfg.seed)
+    run = TrainState.create(cfg, device)
     start, history = 0, []
     if resume and ckpt_path.exists():
-        state = read_checkpoint(ckpt_path)
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["model_ema"])
-        opt.load_state_dict(state["optimizer"])
-        start, history = state["epoch"], list(state["loss_history"])
-        if state.get("rng_state"):
-            gen.set_state(state["rng_state"]["torch"])
-            np_rng.bit_generator.state = state["rng_state"]["numpy"]
+        start, history = run.restore(read_checkpoint(ckpt_path))
     elif cfg.init:
-        _warm_start(model, ema, cfg.init)
-    latents, labels = (t.to(device) for t in _load_training_latents(cfg, model))
-    _prepare_for_speed(cfg, model)
-    out.mkdir(parents=True, exist_ok=True)  # only now: a bad preset, init or dataset leaves no folder
-    _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng)
+        _warm_start(run.model, run.ema, cfg.init)
+    latents, labels = (t.to(device) for t in _load_training_latents(cfg, run.model))
+    _prepare_for_speed(cfg, run.model)
+    ckpt_path.parent.mkdir(parents=True, exist_ok=True)  # only now: a bad preset, init or dataset leaves no folder
+    _loop(run, latents, labels, start, history, ckpt_path)
     return ckpt_path
 
 
@@ -186,30 +227,29 @@ def _warm_start(model, ema, path) -> None:
     ema.load_state_dict(sd)
 
 
-def _loop(cfg, model, ema, opt, latents, labels, start, history, ckpt_path, gen, np_rng):
+def _loop(run: TrainState, latents, labels, start: int, history: list, ckpt_path: Path) -> None:
     """Iterate from ``start``; Ctrl-C saves the state as of the last completed iteration (exactly resumable)."""
-    def rng_state():
-        return {"torch": gen.get_state(), "numpy": np_rng.bit_generator.state}
-    model.train()
+    cfg = run.cfg
+    run.model.train()
     # history times are cumulative over resumed runs of the same phase
-    done, rng_done, t0 = start, rng_state(), time.time() - (history[-1][2] if history else 0.0)
+    done, rng_done, t0 = start, run.rng_state(), time.time() - (history[-1][2] if history else 0.0)
     bar = tqdm(range(start, cfg.iters), initial=start, total=cfg.iters, desc="train", smoothing=0.05)
     try:
         for it in bar:
-            loss = _train_step(cfg, model, ema, opt, latents, labels, it, gen, np_rng)
-            done, rng_done = it + 1, rng_state()
+            loss = run.step(latents, labels, it)
+            done, rng_done = it + 1, run.rng_state()
             history.append([it, loss, time.time() - t0])
             bar.set_postfix(loss=f"{loss:.4f}")
             if done % cfg.ckpt_every == 0:
-                save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
+                run.save(ckpt_path, done, history, rng_done)
             if cfg.max_minutes and time.time() - t0 >= 60 * cfg.max_minutes:
                 print(f"\nstopping after iteration {done}: --max-minutes {cfg.max_minutes:g} reached")
                 break
     except KeyboardInterrupt:
-        save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
+        run.save(ckpt_path, done, history, rng_done)
         raise TrainingInterrupted(f"interrupted after iteration {done} of {cfg.iters}; {ckpt_path} is saved: rerun "
                                   "the same command to resume exactly") from None
-    save_checkpoint(ckpt_path, model, ema, opt, done, cfg, history, rng_done)
+    run.save(ckpt_path, done, history, rng_done)
     (ckpt_path.parent / "loss_history.json").write_text(json.dumps(history))
     if history:
         _plot_history(history, ckpt_path.parent / "loss_curve.png")
@@ -225,20 +265,6 @@ def _plot_history(history: list, path: Path) -> None:
         import warnings
         warnings.warn(f"loss curve not written to {str(path)!r}: {exc!r}; the checkpoint is saved (plot it with "
                       "mar_probe.plot.training.plot_loss_curve on its loss_history)", RuntimeWarning, stacklevel=2)
-
-
-def _train_step(cfg, model, ema, opt, latents, labels, it, gen, np_rng) -> float:
-    for g in opt.param_groups:
-        g["lr"] = lr_at(cfg, it)
-    idx = torch.randint(0, latents.shape[0], (cfg.batch_size,), generator=gen).to(latents.device)
-    with torch.autocast(latents.device.type, dtype=torch.bfloat16, enabled=cfg.amp == "bf16"):
-        loss = model(latents[idx], labels[idx], generator=gen, np_rng=np_rng)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    opt.step()
-    ema_update(ema, model, min(cfg.ema_rate, (1 + it) / (10 + it)))
-    return loss.item()
 
 
 def export_ema(checkpoint: str | Path, out: str | Path) -> Path:
