@@ -10,8 +10,10 @@ the test split, the real-vs-real floor of the same n):
 
 writes ``benchmarks/results/sampling_screen.json`` (``--name`` for another file) with the command, the model's weights
 SHA-256 and the machine, rewritten after every setting, so a stopped screen keeps the settings it finished; a rerun
-with the same weights and protocol reuses the file's rows and samples only the settings it lacks. The screen of
-the embedded default v2 (issue 14) at 200 images:
+with the same weights and protocol reuses the file's rows and samples only the settings it lacks. Each setting it
+samples also leaves its sample grid beside the file, ``NAME_T<temperature>_cfg<scale>.png`` (one row per class, the
+first ``--grid-per-class`` images of each; issue 14 asks for the grid beside the scores), named in the row. The
+screen of the embedded default v2 (issue 14) at 200 images:
 
     python benchmarks/screen_sampling.py --checkpoint data/training/fashion_b128.pth --per-class 20 --threads 1 \
         --settings 0.6:3.0,0.8:3.0,0.6:2.0,0.4:3.0,0.3:3.0,0.2:3.0 --name sampling_screen_b128
@@ -51,7 +53,22 @@ def screen_one(model, labels, temperature: float, cfg: float, args) -> dict:
                  head_steps=args.head_steps, seed=args.seed, batch_size=args.batch_size, progress=True)
     seconds = time.time() - t0
     report = quality_report({"images": res.images, "labels": res.labels})
-    return dict(temperature=temperature, cfg=cfg, sample_seconds=seconds, settings=res.settings, **_scores(report))
+    grid = _save_grid(res.images, res.labels, args.grid_per_class,
+                      result_path(args.name).with_name(f"{args.name}_T{temperature:g}_cfg{cfg:g}.png"))
+    return dict(temperature=temperature, cfg=cfg, sample_seconds=seconds, settings=res.settings, grid=grid.name,
+                **_scores(report))
+
+
+def grid_order(labels, per_class: int) -> list[int]:
+    """Indices of the first ``per_class`` images of each class, class by class (a grid row per class)."""
+    import numpy as np
+    labels = np.asarray(labels)
+    return [int(i) for c in np.unique(labels) for i in np.flatnonzero(labels == c)[:per_class]]
+
+
+def _save_grid(images, labels, per_class: int, path: Path) -> Path:
+    from mar_probe.plot.grid import save_image_grid
+    return save_image_grid(images[grid_order(labels, per_class)], path, ncols=per_class, scale=2)
 
 
 def _earlier_rows(path: Path, head: dict) -> list[dict]:
@@ -72,6 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--head-steps", default=None,
                    help="the diffusion head's reverse steps (num_sampling_steps, e.g. 100; default: the model's)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--grid-per-class", type=int, default=10, help="images of each class in the sample grid")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--name", default=NAME, help="result file: benchmarks/results/NAME.json")

@@ -49,6 +49,12 @@ def test_a_screen_reuses_earlier_rows_only_for_the_same_weights_protocol_and_che
         assert SS._earlier_rows(path, dict(head, **{key: other})) == [], key
 
 
+def test_the_screens_grid_takes_the_first_images_of_each_class_class_by_class():
+    labels = [0, 1, 0, 2, 1, 0, 2, 2]
+    assert SS.grid_order(labels, 2) == [0, 2, 1, 4, 3, 6]
+    assert SS.grid_order(labels, 5) == [0, 2, 5, 1, 4, 3, 6, 7]  # a class with fewer images keeps what it has
+
+
 def test_screen_settings_parse_and_a_malformed_one_is_refused_with_the_form():
     assert SS.parse_settings("1.0:3.0,0.6:2.0") == ((1.0, 3.0), (0.6, 2.0))
     with pytest.raises(argparse.ArgumentTypeError, match=r"TEMPERATURE:CFG.*got '0.6-2.0'"):
