@@ -213,32 +213,37 @@ def _variables(spec, dims: ModelDims, layers: dict, sizes: dict, images) -> dict
     dtype, fill, attrs = _activation_dtype(spec)
     for v in spec.variables:
         rest = [(d, n if n is not None else sizes[d]) for d, n in _activation_dims(v, dims, names)]
-        out[v] = _var(v, ["sample", "step"] + [d for d, _ in rest], sizes, [n for _, n in rest], dtype, fill,
-                      True, dict(attrs, description=VARIABLES[v].description))
+        out[v] = _var(v, ["sample", "step"] + [d for d, _ in rest], sizes, tail=[n for _, n in rest], dtype=dtype,
+                      fill=fill, per_step=True, attrs=dict(attrs, description=VARIABLES[v].description))
     for s in PREFIXES:
         if stack_used(spec, s):
             name = f"{s}_computed"
-            out[name] = _var(name, ["sample", "step", "branch", names[s]["layer"], "token"], sizes, [dims.tokens],
-                             "bool", False, True, {"description": COMPUTED_DOC})
+            out[name] = _var(name, ["sample", "step", "branch", names[s]["layer"], "token"], sizes,
+                             tail=[dims.tokens], dtype="bool", fill=False, per_step=True,
+                             attrs={"description": COMPUTED_DOC})
     step_vars = (("mask", "bool", False, ["token"]), ("pred", "bool", False, ["token"]),
                  ("cfg", "float32", np.nan, []), ("derived", "bool", False, ["branch"]), ("done", "bool", False, []))
     for v, dt, fl, extra in step_vars:
-        out[v] = _var(v, ["sample", "step"] + extra, sizes, [sizes[e] for e in extra], dt, fl, True,
-                      {"description": DERIVED_DOC} if v == "derived" else None)
-    out["order"] = _var("order", ["sample", "token"], sizes, [dims.tokens], "int32", -1, False)
-    out["tokens"] = _var("tokens", ["sample", "token", "channel"], sizes, [dims.tokens, dims.channels], "float32",
-                         np.nan, False)
+        out[v] = _var(v, ["sample", "step"] + extra, sizes, tail=[sizes[e] for e in extra], dtype=dt, fill=fl,
+                      per_step=True, attrs={"description": DERIVED_DOC} if v == "derived" else None)
+    out["order"] = _var("order", ["sample", "token"], sizes, tail=[dims.tokens], dtype="int32", fill=-1)
+    out["tokens"] = _var("tokens", ["sample", "token", "channel"], sizes, tail=[dims.tokens, dims.channels],
+                         dtype="float32", fill=np.nan)
     if images is not None:
-        out["images"] = _var("images", ["sample", "y", "x", "color"], sizes, list(images), "uint8", 0, False)
-    out["complete"] = _var("complete", ["sample"], sizes, [], "bool", False, False)
+        out["images"] = _var("images", ["sample", "y", "x", "color"], sizes, tail=list(images), dtype="uint8", fill=0)
+    out["complete"] = _var("complete", ["sample"], sizes, tail=[], dtype="bool", fill=False)
     return out
 
 
-def _var(name, dim_names, sizes, tail, dtype, fill, per_step, attrs=None) -> VarLayout:
+def _var(name: str, dim_names: list, sizes: dict, *, tail: list, dtype: str, fill, per_step: bool = False,
+         attrs: dict | None = None) -> VarLayout:
+    """A variable whose leading dims take their sizes from ``sizes`` and whose last ``len(tail)`` are ``tail``;
+    one chunk per sample (and per step when ``per_step``)."""
     lead = len(dim_names) - len(tail)
     shape = tuple(sizes[d] for d in dim_names[:lead]) + tuple(tail)
     chunks = (1,) * (2 if per_step else 1) + shape[(2 if per_step else 1):]
-    return VarLayout(name, tuple(dim_names), shape, chunks, dtype, fill, per_step, dict(attrs or {}))
+    return VarLayout(name=name, dims=tuple(dim_names), shape=shape, chunks=chunks, dtype=dtype, fill=fill,
+                     per_step=per_step, attrs=dict(attrs or {}))
 
 
 def estimate_size(spec: SelectionSpec, model, num_samples: int, num_iter: int, *, cfg: float,

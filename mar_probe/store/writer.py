@@ -29,7 +29,7 @@ import zarr.core.sync
 from zarr.codecs import BloscCodec, Crc32cCodec
 
 from .location import StoreLocation
-from .schema import RunLayout, coordinates
+from .schema import RunLayout, VarLayout, coordinates
 
 _STOP = object()
 
@@ -85,10 +85,12 @@ def create_store(path, layout: RunLayout, *, labels, seeds, attrs: dict, overwri
     coords = coordinates(layout, labels, seeds)
     root = zarr.open_group(loc.zarr_store(), mode="w-", zarr_format=3, attributes={CREATING_ATTR: True})
     for name, (dim, values) in coords.items():
-        _create(root, name, np.asarray(values).shape, np.asarray(values).shape, values.dtype, _coord_fill(values),
-                (dim,), {}, codecs).__setitem__(Ellipsis, values)
+        shape = np.asarray(values).shape  # a coordinate is one chunk
+        coord = VarLayout(name=name, dims=(dim,), shape=shape, chunks=shape, dtype=values.dtype,
+                          fill=_coord_fill(values), per_step=False)
+        _create(root, coord, codecs)[...] = values
     for v in layout.variables.values():
-        _create(root, v.name, v.shape, v.chunks, v.dtype, v.fill, v.dims, v.attrs, codecs)
+        _create(root, v, codecs)
     extra = {"coordinates": " ".join(k for k, (d, _) in coords.items() if k != d)}
     root.attrs.put({**{k: _jsonable(v) for k, v in attrs.items()}, **extra})  # replaces the marker: one write
     with warnings.catch_warnings():  # metadata never changes after creation, so consolidating is safe
@@ -101,12 +103,13 @@ def _coord_fill(values):
     return "" if values.dtype == object else 0
 
 
-def _create(root, name, shape, chunks, dtype, fill, dims, attrs, codecs):
-    text = np.dtype(dtype) == object
+def _create(root, var: VarLayout, codecs):
+    text = np.dtype(var.dtype) == object
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return root.create_array(name, shape=shape, chunks=chunks, dtype=str if text else dtype, fill_value=fill,
-                                 dimension_names=dims, attributes=attrs, compressors="auto" if text else codecs,
+        return root.create_array(var.name, shape=var.shape, chunks=var.chunks, dtype=str if text else var.dtype,
+                                 fill_value=var.fill, dimension_names=var.dims, attributes=var.attrs,
+                                 compressors="auto" if text else codecs,
                                  chunk_key_encoding={"name": "default", "separator": "."})
 
 
