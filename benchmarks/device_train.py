@@ -170,7 +170,8 @@ def run_training(flags: list[str], data: Path, out: Path) -> Path:
 
 def _flag(flags: list[str], name: str) -> str:
     if name not in flags or flags.index(name) + 1 >= len(flags):
-        raise StageError(f"the training flags need {name} PATH (got {flags!r}): {name} names what comes back")
+        raise StageError(f"the training flags need {name} PATH (got {flags!r}): --export names the file that comes "
+                         "back, --out the run folder whose loss history comes with it")
     return flags[flags.index(name) + 1]
 
 
