@@ -40,7 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CALL_LIMIT = 64 * 2**20  # what one call of the device tool carries: the working tree and the carried paths
 RETURN_LIMIT = 16 * 2**20  # the largest file a call brings back
 MARGIN = 2**20  # for files that appear between packing and the call (a log, a result)
-TRAIN_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
 MACHINE_STAGE = Path("/tmp/mar_probe_stage")  # outside the repository copy: kept while the machine stays warm
 
 
@@ -67,12 +66,14 @@ def split_bytes(data: bytes, parts: int) -> list[bytes]:
 def pack(data_dir: Path, stage: Path, budget: int) -> dict:
     """Tar the training split's files and write it to ``stage`` in parts of at most ``budget`` bytes, with a
     manifest of each part's and the whole's SHA-256."""
+    from mar_probe.data import DatasetError, fashion_files
+    try:
+        files = fashion_files("train", data_dir)
+    except DatasetError as exc:
+        raise StageError(str(exc)) from exc
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:  # the IDX files are gzip-compressed already
-        for stem in TRAIN_FILES:
-            path = next((data_dir / n for n in (stem + ".gz", stem) if (data_dir / n).is_file()), None)
-            if path is None:
-                raise StageError(f"{stem!r} (or {stem + '.gz'!r}) not found in {str(data_dir)!r}")
+        for path in files:
             tar.add(path, arcname=path.name)
     data = buf.getvalue()
     if budget <= 0:
@@ -84,7 +85,7 @@ def pack(data_dir: Path, stage: Path, budget: int) -> dict:
     for i, part in enumerate(parts):
         (stage / f"part-{i}").write_bytes(part)
     manifest = {"sha256": sha256(data), "bytes": len(data), "parts": [sha256(p) for p in parts],
-                "files": [m.name for m in tarfile.open(fileobj=io.BytesIO(data)).getmembers()]}
+                "files": [path.name for path in files]}
     (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
 

@@ -58,16 +58,22 @@ def read_idx(path: str | Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
 
-def load_fashion_mnist(split: str = "train", data_dir: str | Path | None = None):
-    """Load a Fashion-MNIST split as ``(images uint8 [N, 28, 28], labels int64 [N])``."""
+def fashion_files(split: str = "train", data_dir: str | Path | None = None) -> tuple[Path, Path]:
+    """The (images, labels) IDX files of a Fashion-MNIST split, gzip-compressed or not."""
     if split not in _SPLIT_FILES:
         raise ValueError(f"unknown split {split!r}; expected one of {sorted(_SPLIT_FILES)!r}")
     directory = Path(data_dir) if data_dir is not None else DEFAULT_FASHION_DIR
     if not directory.is_dir():
         raise DatasetError(f"Fashion-MNIST directory {str(directory)!r} does not exist. " + _HOW_TO_GET)
     img_stem, lbl_stem = _SPLIT_FILES[split]
-    images = read_idx(_find(directory, img_stem))
-    labels = read_idx(_find(directory, lbl_stem)).astype(np.int64)
+    return _find(directory, img_stem), _find(directory, lbl_stem)
+
+
+def load_fashion_mnist(split: str = "train", data_dir: str | Path | None = None):
+    """Load a Fashion-MNIST split as ``(images uint8 [N, 28, 28], labels int64 [N])``."""
+    image_file, label_file = fashion_files(split, data_dir)
+    images = read_idx(image_file)
+    labels = read_idx(label_file).astype(np.int64)
     if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
         raise DatasetError(f"Fashion-MNIST {split!r} files disagree: images {images.shape}, labels {labels.shape}")
     return images, labels
