@@ -7,16 +7,17 @@ Fashion-MNIST training split travels in parts sized to what a call has room for 
 machine between calls (it goes back 30 s after a call: make the next call at once; one ``stage`` call per part but
 the last), and the export, larger than 16 MiB, comes back in parts:
 
-    python benchmarks/device_train.py pack        # here: .stage/part-0, part-1, manifest.json (git-ignored)
-    # device call 1, carry [".stage/part-0", ".stage/manifest.json"]:
+    python benchmarks/device_train.py pack        # here: .stage/split.part-0, split.part-1, split.manifest.json
+    # device call 1, carry [".stage/split.part-0", ".stage/split.manifest.json"]:
     python3 benchmarks/device_train.py stage
-    # device call 2, at once, carry [".stage/part-1", ".stage/manifest.json"], timeout_s 600:
+    # device call 2, at once, carry [".stage/split.part-1", ".stage/split.manifest.json"], timeout_s 600:
     python3 benchmarks/device_train.py train -- --preset fashion_b128 --init data/training/fashion_b128.pth \\
         --out runs/fb128_gpu --device cuda --max-minutes 6 ... --export runs/fb128_gpu/fashion_b128.pth
     # here, from the folder the tool put the returned files in (files_at):
     python benchmarks/device_train.py unpack FILES_AT runs/fb128_gpu/fashion_b128.pth
 
-``train`` stages what its call carried, joins and checks the parts (SHA-256), runs ``mar-probe train`` on them
+Both directions use one format (:class:`Manifest`: each part's and the whole's SHA-256). ``train`` stages what
+its call carried, joins and checks the parts, runs ``mar-probe train`` on them
 (the flags after ``--``, ``--data`` set to the joined split; :func:`mar_probe.cli.train_main`, which needs no zarr)
 and writes the export in parts with a manifest, the loss history and the loss curve into ``$OUT``. ``unpack`` joins
 the parts, checks them against the manifest and that the file loads as a checkpoint. Every step runs on the CPU
@@ -31,9 +32,11 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +44,12 @@ CALL_LIMIT = 64 * 2**20  # what one call of the device tool carries: the working
 RETURN_LIMIT = 16 * 2**20  # the largest file a call brings back
 MARGIN = 2**20  # for files that appear between packing and the call (a log, a result)
 MACHINE_STAGE = Path("/tmp/mar_probe_stage")  # outside the repository copy: kept while the machine stays warm
+# iterations of the run that measures this machine's speed before a fitted phase. On the H200 (2026-12-04) a
+# 24-iteration pilot, the call's first use of CUDA, read 0.205 s per iteration where the phase after it took
+# 0.096 s on average: its second half was still warming up. From iteration 40 on, every 40-iteration median of
+# the three phases run there was within 0.05-0.105 s (runs/gpu_p17-19 loss histories; the card's phases 17-19)
+PILOT = 64
+SPLIT = "split"  # the packed training split: .stage/split.part-0, ..., .stage/split.manifest.json
 
 
 class StageError(RuntimeError):
@@ -58,94 +67,118 @@ def tree_bytes(root: Path = ROOT) -> int:
     return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file())
 
 
-def split_bytes(data: bytes, parts: int) -> list[bytes]:
-    size = math.ceil(len(data) / parts)
-    return [data[i * size:(i + 1) * size] for i in range(parts)]
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """A file split into parts, going out (the training split) or coming back (the export): part ``i`` is
+    ``{name}.part-{i}``, the manifest ``{name}.manifest.json``, both in the same folder."""
+    name: str
+    bytes: int
+    sha256: str
+    parts: tuple[str, ...]  # each part's SHA-256: a damaged part is named before the parts are joined
+    files: tuple[str, ...] = ()  # the training split's files inside the tar
+
+    def part(self, folder: Path, i: int) -> Path:
+        return folder / f"{self.name}.part-{i}"
+
+    @staticmethod
+    def path(folder: Path, name: str) -> Path:
+        return folder / f"{name}.manifest.json"
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        if not path.is_file():
+            raise StageError(f"no manifest {str(path)!r}: pack (or train) again, and carry or fetch it with the parts")
+        fields = json.loads(path.read_text())
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def pack(data_dir: Path, stage: Path, budget: int) -> dict:
-    """Tar the training split's files and write it to ``stage`` in parts of at most ``budget`` bytes, with a
-    manifest of each part's and the whole's SHA-256."""
+def write_split(data: bytes, folder: Path, *, name: str, part_bytes: int, files: tuple[str, ...] = ()) -> Manifest:
+    """Write ``data`` into ``folder`` in parts of at most ``part_bytes`` bytes, with their manifest."""
+    count = max(1, math.ceil(len(data) / part_bytes))
+    size = math.ceil(len(data) / count)
+    parts = [data[i * size:(i + 1) * size] for i in range(count)]
+    manifest = Manifest(name=name, bytes=len(data), sha256=sha256(data), parts=tuple(map(sha256, parts)), files=files)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(parts):
+        manifest.part(folder, i).write_bytes(part)
+    Manifest.path(folder, name).write_text(json.dumps(asdict(manifest), indent=1))
+    return manifest
+
+
+def read_part(manifest: Manifest, folder: Path, i: int) -> bytes:
+    """Part ``i`` from ``folder``, checked against its SHA-256."""
+    data = manifest.part(folder, i).read_bytes()
+    if sha256(data) != manifest.parts[i]:
+        raise StageError(f"{str(manifest.part(folder, i))!r} does not match its manifest (SHA-256 "
+                         f"{manifest.parts[i][:12]!r}...; got {len(data)} bytes {sha256(data)[:12]!r}...)")
+    return data
+
+
+def join_split(manifest: Manifest, folder: Path, *, when_missing: str) -> bytes:
+    """Every part from ``folder``, each checked, joined and checked whole; ``when_missing`` says what to do when
+    parts are absent."""
+    missing = [i for i in range(len(manifest.parts)) if not manifest.part(folder, i).is_file()]
+    if missing:
+        raise StageError(f"parts {missing!r} of {len(manifest.parts)} of {manifest.name!r} are not in "
+                         f"{str(folder)!r}: {when_missing}")
+    data = b"".join(read_part(manifest, folder, i) for i in range(len(manifest.parts)))
+    if sha256(data) != manifest.sha256:  # each part checked: the manifest disagrees with itself (edited, mixed up)
+        raise StageError(f"the joined parts of {manifest.name!r} ({len(data)} bytes) do not match the manifest's "
+                         f"whole file ({manifest.bytes} bytes, SHA-256 {manifest.sha256[:12]!r}...): pack again")
+    return data
+
+
+def pack(data_dir: Path, stage: Path, budget: int) -> Manifest:
+    """Tar the training split's files and write it to ``stage`` in parts of at most ``budget`` bytes."""
     from mar_probe.data import DatasetError, fashion_files
     try:
         files = fashion_files("train", data_dir)
     except DatasetError as exc:
         raise StageError(str(exc)) from exc
+    if budget <= 0:
+        raise StageError(f"a call has no room for data: the working tree alone is within {MARGIN} bytes of "
+                         f"{CALL_LIMIT} (64 MiB); ignore or carry less")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:  # the IDX files are gzip-compressed already
         for path in files:
             tar.add(path, arcname=path.name)
-    data = buf.getvalue()
-    if budget <= 0:
-        raise StageError(f"a call has no room for data: the working tree alone is within {MARGIN} bytes of "
-                         f"{CALL_LIMIT} (64 MiB); ignore or carry less")
-    parts = split_bytes(data, math.ceil(len(data) / budget))
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    for i, part in enumerate(parts):
-        (stage / f"part-{i}").write_bytes(part)
-    manifest = {"sha256": sha256(data), "bytes": len(data), "parts": [sha256(p) for p in parts],
-                "files": [path.name for path in files]}
-    (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    return manifest
+    return write_split(buf.getvalue(), stage, name=SPLIT, part_bytes=budget, files=tuple(p.name for p in files))
 
 
 def stage_parts(stage: Path, machine: Path) -> list[int]:
     """Copy the parts this call carried to the machine's stage folder, each checked; return the indices staged."""
-    manifest = json.loads((stage / "manifest.json").read_text())
+    manifest = Manifest.read(Manifest.path(stage, SPLIT))
     machine.mkdir(parents=True, exist_ok=True)
-    staged = []
-    for i, want in enumerate(manifest["parts"]):
-        path = stage / f"part-{i}"
-        if path.is_file():
-            if sha256(path.read_bytes()) != want:
-                raise StageError(f"{str(path)!r} does not match the manifest (SHA-256 {want[:12]!r}...): pack again")
-            shutil.copyfile(path, machine / f"part-{i}")
-            staged.append(i)
-    return staged
+    held = [i for i in range(len(manifest.parts)) if manifest.part(stage, i).is_file()]
+    for i in held:
+        manifest.part(machine, i).write_bytes(read_part(manifest, stage, i))
+    return held
 
 
 def join_data(stage: Path, machine: Path) -> Path:
     """Join the staged parts, check them and unpack the split into ``machine/fashion``; return that folder."""
-    manifest = json.loads((stage / "manifest.json").read_text())
-    missing = [i for i in range(len(manifest["parts"])) if not (machine / f"part-{i}").is_file()]
-    if missing:
-        raise StageError(f"parts {missing!r} of {len(manifest['parts'])} are not on this machine ({str(machine)!r}): "
-                         "it was given back between the calls (30 s after each); make the `stage` call again and "
-                         "this one at once after it")
-    data = b"".join((machine / f"part-{i}").read_bytes() for i in range(len(manifest["parts"])))
-    if sha256(data) != manifest["sha256"]:
-        raise StageError(f"the joined parts ({len(data)} bytes) do not match the manifest's SHA-256 "
-                         f"({manifest['bytes']} bytes): pack again and stage both parts")
+    manifest = Manifest.read(Manifest.path(stage, SPLIT))
+    data = join_split(manifest, machine, when_missing="this machine was given back between the calls (30 s after "
+                      "each); make the `stage` call again and this one at once after it")
     folder = machine / "fashion"
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(folder, filter="data")
     return folder
 
 
-def write_parts(path: Path, out: Path, limit: int = RETURN_LIMIT) -> dict:
+def write_parts(path: Path, out: Path, limit: int = RETURN_LIMIT) -> Manifest:
     """Write ``path`` into ``out`` in parts of at most ``limit`` bytes, with a manifest."""
-    data = path.read_bytes()
-    parts = split_bytes(data, max(1, math.ceil(len(data) / limit)))
-    out.mkdir(parents=True, exist_ok=True)
-    for i, part in enumerate(parts):
-        (out / f"{path.name}.part-{i}").write_bytes(part)
-    manifest = {"name": path.name, "sha256": sha256(data), "bytes": len(data), "parts": len(parts)}
-    (out / "export_manifest.json").write_text(json.dumps(manifest, indent=1))
-    return manifest
+    return write_split(path.read_bytes(), out, name=path.name, part_bytes=limit)
 
 
 def unpack(folder: Path, dest: Path) -> Path:
     """Join the export's parts from ``folder`` into ``dest``, checked against the manifest and loaded once."""
-    manifest = json.loads((folder / "export_manifest.json").read_text())
-    names = [folder / f"{manifest['name']}.part-{i}" for i in range(manifest["parts"])]
-    missing = [str(n) for n in names if not n.is_file()]
-    if missing:
-        raise StageError(f"parts not returned: {missing!r}; fetch the call's files again")
-    data = b"".join(n.read_bytes() for n in names)
-    if sha256(data) != manifest["sha256"]:
-        raise StageError(f"the joined export ({len(data)} bytes) does not match its manifest "
-                         f"({manifest['bytes']} bytes)")
+    found = sorted(m for m in folder.glob("*.manifest.json") if m.name != Manifest.path(folder, SPLIT).name)
+    if len(found) != 1:
+        raise StageError(f"expected one export manifest (*.manifest.json) in {str(folder)!r}, found "
+                         f"{[m.name for m in found]!r}")
+    data = join_split(Manifest.read(found[0]), folder, when_missing="fetch the call's files again")
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(data)
     from mar_probe.models.checkpoints import read_checkpoint
@@ -154,11 +187,47 @@ def unpack(folder: Path, dest: Path) -> Path:
     return dest
 
 
-def run_training(flags: list[str], data: Path, out: Path) -> Path:
-    """``mar-probe train FLAGS --data DATA``; then the export in parts and the loss history/curve into ``out``."""
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    """How many iterations fit the phase's minutes, from a pilot run's seconds per iteration on this machine.
+
+    Why: the cosine schedule decays over ``--iters``; a phase stopped by ``--max-minutes`` never reaches its low
+    rate, and a GPU's speed is not known before its first call."""
+    minutes: float
+    pilot_iterations: int
+    seconds_per_iteration: float  # median over the pilot's second half (the first iterations warm the kernels up)
+    iters: int
+
+
+def fit_iterations(flags: list[str], data: Path, minutes: float, *, pilot: int = PILOT) -> Fit:
+    """Train ``pilot`` iterations into a scratch folder (same flags, no export) and size ``--iters`` to ``minutes``."""
+    from mar_probe.cli import train_main
+    if not (minutes > 0 and math.isfinite(minutes)) or pilot < 4:
+        raise StageError(f"--fit-minutes must be a finite number > 0 and the pilot >= 4 iterations, got "
+                         f"{minutes!r} and {pilot!r}")
+    scratch = Path(_flag(flags, "--out")).with_name("fit_pilot")
+    shutil.rmtree(scratch, ignore_errors=True)
+    trial = _set_flag(_set_flag(_drop_flag(flags, "--export"), "--out", str(scratch)), "--iters", str(pilot))
+    if train_main([*_drop_flag(trial, "--max-minutes"), "--data", str(data)]):
+        raise StageError("the pilot run of mar-probe train failed; see its error above")
+    times = [t for _, _, t in json.loads((scratch / "loss_history.json").read_text())]
+    spi = statistics.median(b - a for a, b in zip(times[pilot // 2 - 1:], times[pilot // 2:]))
+    return Fit(minutes=minutes, pilot_iterations=pilot, seconds_per_iteration=spi,
+               iters=max(1, int(60 * minutes / spi)))
+
+
+def run_training(flags: list[str], data: Path, out: Path, *, fit_minutes: float = 0.0) -> Path:
+    """``mar-probe train FLAGS --data DATA``; then the export in parts and the loss history/curve into ``out``.
+    With ``fit_minutes``, ``--iters`` is first sized by :func:`fit_iterations` (recorded in ``out/fit.json``)."""
     from mar_probe.cli import train_main
     export = _flag(flags, "--export")
     run_dir = Path(_flag(flags, "--out"))
+    out.mkdir(parents=True, exist_ok=True)
+    if fit_minutes:
+        fit = fit_iterations(flags, data, fit_minutes)
+        (out / "fit.json").write_text(json.dumps(asdict(fit), indent=1))
+        print(f"pilot: {fit.seconds_per_iteration:.4f} s per iteration; --iters {fit.iters} fits {fit_minutes:g} min")
+        flags = _set_flag(flags, "--iters", str(fit.iters))
     code = train_main([*flags, "--data", str(data)])
     if code:
         raise StageError(f"mar-probe train exited with {code}")
@@ -167,6 +236,22 @@ def run_training(flags: list[str], data: Path, out: Path) -> Path:
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, out / name)
     return Path(export)
+
+
+def _set_flag(flags: list[str], name: str, value: str) -> list[str]:
+    """``flags`` with ``name``'s value replaced, or ``name value`` appended."""
+    if name not in flags:
+        return [*flags, name, value]
+    i = flags.index(name)
+    return [*flags[:i + 1], value, *flags[i + 2:]]
+
+
+def _drop_flag(flags: list[str], name: str) -> list[str]:
+    """``flags`` without ``name`` and its value."""
+    if name not in flags:
+        return list(flags)
+    i = flags.index(name)
+    return [*flags[:i], *flags[i + 2:]]
 
 
 def _flag(flags: list[str], name: str) -> str:
@@ -187,6 +272,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, help="pack: bytes per part (default: what a call has room for)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/device_out")),
                    help="train: where the returned files go (default: $OUT)")
+    p.add_argument("--fit-minutes", type=float, default=0.0,
+                   help=f"train: first time a {PILOT}-iteration pilot and set --iters to fit this many minutes")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # after "--": the flags of `mar-probe train`
     args, flags = p.parse_args(argv[:cut]), argv[cut + 1:]
@@ -195,13 +282,14 @@ def main(argv=None) -> int:
     if args.step == "pack":
         budget = args.budget or CALL_LIMIT - tree_bytes() - MARGIN
         m = pack(args.data, args.stage, budget)
-        print(f"packed {m['files']} ({m['bytes']} bytes) into {len(m['parts'])} parts in {args.stage}")
+        print(f"packed {list(m.files)} ({m.bytes} bytes) into {len(m.parts)} parts in {args.stage}")
     elif args.step == "stage":
         print(f"staged parts {stage_parts(args.stage, args.machine_stage)} in {args.machine_stage}")
     elif args.step == "train":
         stage_parts(args.stage, args.machine_stage)
-        export = run_training(flags, join_data(args.stage, args.machine_stage), args.out)
-        print(f"trained; {export} is in {args.out} in parts (export_manifest.json)")
+        export = run_training(flags, join_data(args.stage, args.machine_stage), args.out,
+                              fit_minutes=args.fit_minutes)
+        print(f"trained; {export} is in {args.out} in parts ({Manifest.path(args.out, export.name).name})")
     else:
         if len(args.paths) != 2:
             p.error(f"unpack needs FOLDER DEST, got {args.paths!r}")

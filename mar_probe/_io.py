@@ -1,4 +1,7 @@
-"""Reading weight files safely: tensors and plain containers only, and a message instead of a traceback.
+"""File input and output shared by every layer: reading weight files safely (tensors and plain containers only, a
+message instead of a traceback), writing files atomically, and wording a failed write. Nothing here imports the
+store's dependencies (zarr, xarray), so ``mar-probe train`` keeps its messages where only torch is installed (the
+accelerator machine, issue 14).
 
 Every loader of the toolkit (model checkpoints, the VAE, the classifier, the Inception network) reads through
 :func:`load_weights`. ``torch.load(weights_only=True)`` refuses files that need code to load, but its message
@@ -9,6 +12,7 @@ gets one line that says so.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import re
@@ -65,3 +69,11 @@ def atomic_path(path: str | Path):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def describe_os_error(exc: BaseException) -> str:
+    """``Type: message``, with a hint when the disk is full."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        text += " (the disk is full: free space or choose another --out)"
+    return text

@@ -491,7 +491,9 @@ def train_main(argv: list[str]) -> int:
     machine (issue 14, ``benchmarks/device_train.py``)."""
     parser = _Parser(prog="mar-probe train", description=SUBCOMMANDS["train"][2])
     _add_train(parser)
-    return _cmd_train(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.func, args.command, args.command_line = _cmd_train, "train", shlex.join(["mar-probe", "train", *argv])
+    return _run(args)
 
 
 def _add_quality(p):
@@ -818,6 +820,11 @@ def main(argv=None) -> int:
     warnings.formatwarning = _one_line_warning  # a warning is one line of the CLI's output, not two
     args = make_parser().parse_args(argv)
     args.command_line = shlex.join(["mar-probe", *(sys.argv[1:] if argv is None else argv)])  # kept in results
+    return _run(args)
+
+
+def _run(args) -> int:
+    """Run a parsed command; an expected failure is one line on stderr and exit status 2 (130 when interrupted)."""
     try:
         return args.func(args)
     except KeyboardInterrupt as exc:  # one line; commands that keep partial work say what and how to resume
@@ -827,10 +834,9 @@ def main(argv=None) -> int:
         print(f"mar-probe {args.command}: error: {_name_flags(str(exc), args)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a permission: say which file and what to do
-        from .store.writer import describe_os_error
+        from ._io import describe_os_error  # zarr-free, for `train_main` on the accelerator machine (issue 14)
         print(f"mar-probe {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
-
 
 if __name__ == "__main__":
     sys.exit(main())

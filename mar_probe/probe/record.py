@@ -27,11 +27,12 @@ from ..api import check_labels, decode_images
 from ..engine.sampling import SamplingConfig, head_steps_applied, sampling_config
 from ..engine.loop import SampleRNG, Sampler
 from ..store.reader import read_attrs
+from .._io import describe_os_error
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
 from ..launch import Ranks, check_shard, gather, on_rank0
 from ..store.location import StoreLocation
 from ..store.writer import (CREATING_ATTR, StoreExistsError, StoreWriter, WriteError, check_writer_settings,
-                            compressors, create_store, describe_os_error, read_flags)
+                            compressors, create_store, read_flags)
 from .probe import Probe
 from ..store.spec import SelectionSpec
 

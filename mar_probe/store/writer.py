@@ -14,7 +14,6 @@ killed process loses at most the open blocks, which ``--resume`` redoes.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import queue
 import threading
@@ -28,6 +27,7 @@ import zarr
 import zarr.core.sync
 from zarr.codecs import BloscCodec, Crc32cCodec
 
+from .._io import describe_os_error
 from .location import StoreLocation
 from .schema import RunLayout, VarLayout, coordinates
 
@@ -121,14 +121,6 @@ def _jsonable(v):
 
 class WriteError(RuntimeError):
     """Writing the store failed (e.g. the disk is full); steps not flagged done are redone by --resume."""
-
-
-def describe_os_error(exc: BaseException) -> str:
-    """``Type: message``, with a hint when the disk is full."""
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        text += " (the disk is full: free space or choose another --out)"
-    return text
 
 
 def check_writer_settings(queue_size, threads) -> None:
