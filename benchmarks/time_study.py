@@ -14,12 +14,18 @@ records and the ratio of their median wall times to ``benchmarks/results/NAME.js
 that the study still finish in about a minute on the new default, or be shrunk.
 
     python benchmarks/time_study.py --versus data/training/fashion_b128.pth --rounds 2 --name study_time_b128
+
+``--versus-flags`` gives the candidate's runs study flags of their own, to time a shrunk study against today's:
+
+    python benchmarks/time_study.py --versus data/training/fashion_b128.pth --versus-flags '--samples-per-seed 1' \
+        --rounds 2 --name study_time_b128_shrunk
 """
 from __future__ import annotations
 
 import argparse
 import os
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -35,12 +41,13 @@ def _load() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
-def time_study(out: Path, nice: int = 0, checkpoint: str | None = None) -> dict:
-    """Run the study into ``out`` (removed first), on ``checkpoint`` or the embedded default, and return its timing
-    record."""
+def time_study(out: Path, nice: int = 0, checkpoint: str | None = None, flags: tuple[str, ...] = ()) -> dict:
+    """Run the study into ``out`` (removed first), on ``checkpoint`` or the embedded default, with the study's
+    ``flags``, and return its timing record."""
     if out.exists():
         shutil.rmtree(out)
-    command = ["mar-probe", "study", "--out", str(out)] + (["--checkpoint", checkpoint] if checkpoint else [])
+    command = (["mar-probe", "study", "--out", str(out)] + (["--checkpoint", checkpoint] if checkpoint else [])
+               + list(flags))
     before, used, t0 = _load(), resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, preexec_fn=(lambda: os.nice(nice)) if nice else None)
     wall = time.perf_counter() - t0
@@ -49,15 +56,16 @@ def time_study(out: Path, nice: int = 0, checkpoint: str | None = None) -> dict:
             "sys_s": usage.ru_stime - used.ru_stime, "load_before": before, "load_after": _load(), "nice": nice}
 
 
-def time_versus(out: Path, checkpoint: str, rounds: int, nice: int = 0) -> dict:
-    """The study on the embedded default and on ``checkpoint``, alternating for ``rounds`` rounds, with the ratio of
-    their median wall times (``checkpoint`` over the default)."""
+def time_versus(out: Path, checkpoint: str, rounds: int, nice: int = 0, flags: tuple[str, ...] = ()) -> dict:
+    """The study on the embedded default and on ``checkpoint`` (with the study's ``flags``, e.g. a smaller study
+    for a slower model), alternating for ``rounds`` rounds, with the ratio of their median wall times
+    (``checkpoint`` over the default)."""
     runs: dict[str, list[dict]] = {"default": [], "versus": []}
     for _ in range(rounds):
         runs["default"].append(time_study(out, nice))
-        runs["versus"].append(time_study(out, nice, checkpoint))
+        runs["versus"].append(time_study(out, nice, checkpoint, flags))
     medians = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
-    return {"checkpoint": checkpoint, "rounds": rounds, **runs, "median_wall_s": medians,
+    return {"checkpoint": checkpoint, "flags": list(flags), "rounds": rounds, **runs, "median_wall_s": medians,
             "ratio": medians["versus"] / medians["default"]}
 
 
@@ -67,6 +75,8 @@ def main(argv=None) -> int:
     p.add_argument("--nice", type=int, default=0, help="niceness of the study process (default: 0)")
     p.add_argument("--versus", metavar="PATH", help="also time the study on this checkpoint, alternating with the "
                                                     "embedded default (default: the embedded default alone)")
+    p.add_argument("--versus-flags", default="", metavar="FLAGS",
+                   help="study flags for the --versus runs only, e.g. '--samples-per-seed 1' (a shrunk study)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of each with --versus (default: 2)")
     p.add_argument("--name", default="study_time", help="result file: benchmarks/results/NAME.json")
     args = p.parse_args(argv)
@@ -74,9 +84,12 @@ def main(argv=None) -> int:
         p.error(f"--rounds must be at least 1, got {args.rounds!r}")
     if args.versus and not Path(args.versus).is_file():
         p.error(f"--versus: no checkpoint at {args.versus!r}")
-    script = "python benchmarks/time_study.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.versus_flags and not args.versus:
+        p.error(f"--versus-flags {args.versus_flags!r} needs --versus PATH")
+    script = shlex.join(["python", "benchmarks/time_study.py", *(argv if argv is not None else sys.argv[1:])])
     if args.versus:
-        record = time_versus(Path(args.out), args.versus, args.rounds, args.nice)
+        flags = tuple(shlex.split(args.versus_flags))
+        record = time_versus(Path(args.out), args.versus, args.rounds, args.nice, flags)
         summary = (f"median {record['median_wall_s']['versus']:.1f} s on {args.versus} against "
                    f"{record['median_wall_s']['default']:.1f} s on the default ({record['ratio']:.2f}x)")
     else:

@@ -61,18 +61,24 @@ def test_screen_settings_parse_and_a_malformed_one_is_refused_with_the_form():
         SS.parse_settings("0.6-2.0")
 
 
-def test_the_study_timing_alternates_default_and_candidate_and_takes_the_ratio_of_medians(tmp_path, monkeypatch):
+def test_the_study_timing_alternates_default_and_candidate_and_takes_the_ratio_of_medians(tmp_path, monkeypatch,
+                                                                                        capsys):
     calls = []
     walls = iter([30.0, 45.0, 34.0, 60.0, 32.0, 48.0])
 
-    def fake(out, nice=0, checkpoint=None):
-        calls.append(checkpoint)
+    def fake(out, nice=0, checkpoint=None, flags=()):
+        calls.append((checkpoint, flags))
         return {"wall_s": next(walls), "checkpoint": checkpoint}
 
     monkeypatch.setattr(TS, "time_study", fake)
-    record = TS.time_versus(tmp_path / "out", "cand.pth", rounds=3)
-    assert calls == [None, "cand.pth"] * 3                        # alternating, so the load falls on both alike
+    record = TS.time_versus(tmp_path / "out", "cand.pth", rounds=3, flags=("--samples-per-seed", "1"))
+    # alternating, so the load falls on both alike; the flags go to the candidate's runs only
+    assert calls == [(None, ()), ("cand.pth", ("--samples-per-seed", "1"))] * 3
+    assert record["flags"] == ["--samples-per-seed", "1"]
     assert record["median_wall_s"] == {"default": 32.0, "versus": 48.0} and record["ratio"] == 1.5
     assert [r["wall_s"] for r in record["versus"]] == [45.0, 60.0, 48.0]
     with pytest.raises(SystemExit):
         TS.main(["--versus", str(tmp_path / "absent.pth")])
+    with pytest.raises(SystemExit):
+        TS.main(["--versus-flags=--samples-per-seed 1"])  # flags for a candidate that is not named
+    assert "--versus-flags '--samples-per-seed 1' needs --versus PATH" in capsys.readouterr().err
