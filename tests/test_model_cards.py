@@ -122,4 +122,4 @@ def test_a_packed_history_reads_as_its_rows(tmp_path, monkeypatch):
     packed = R.TrainingCheckpoint("m.pth")
     for a, b in zip(rows.phases, packed.phases):
         assert (a.start, a.iterations, a.seconds) == (b.start, b.iterations, b.seconds)
-        assert a.losses == pytest.approx(b.losses, rel=1e-7)
+        assert a.losses == pytest.approx(b.losses, rel=2 ** -11)  # float16's rounding
