@@ -463,12 +463,26 @@ class StageResults:
             return f"differs from initialisation; no two trained stages (`{first}` to `{last}`) told apart"
         return "not told apart from initialisation: architecture and schedule"
 
-    def sign(self, quantity: str, than) -> int:
-        """+1 when ``quantity``'s interval lies above ``than`` (another quantity's interval, or a number) at every
-        trained stage, -1 below at every one, 0 otherwise: whether a comparison the findings draw survives training."""
+    def stage_signs(self, quantity: str, than) -> list[int]:
+        """Per trained stage: +1 when ``quantity``'s interval lies above ``than`` (another quantity's interval, or a
+        number), -1 below, 0 when they overlap."""
         others = self._trained(than) if isinstance(than, str) else [dict(lo=than, hi=than)] * (len(self.stages) - 1)
-        signs = {self._apart(o, q) for o, q in zip(others, self._trained(quantity))}
+        return [self._apart(o, q) for o, q in zip(others, self._trained(quantity))]
+
+    def sign(self, quantity: str, than) -> int:
+        """+1 when ``quantity``'s interval lies above ``than`` at every trained stage, -1 below at every one, 0
+        otherwise: whether a comparison the findings draw survives training."""
+        signs = set(self.stage_signs(quantity, than))
         return signs.pop() if len(signs) == 1 else 0
+
+    def where(self, quantity: str, than) -> str:
+        """Which trained stages a comparison holds at, is reversed at or is not shown at (``holds at `a`, `b`;
+        reversed at `c```), for a comparison that does not hold at every one."""
+        words = {1: "holds at", -1: "reversed at", 0: "not shown at"}
+        signs = self.stage_signs(quantity, than)
+        parts = [f"{words[k]} " + ", ".join(f"`{st}`" for st, s in zip(self.stages[1:], signs) if s == k)
+                 for k in (1, 0, -1) if k in signs]
+        return "; ".join(parts)
 
     def of_kind(self, kind: str) -> str:
         """The quantities of one :meth:`kind` in table order, as text (``*a*; *b*``); a quantity with the same value
@@ -541,6 +555,12 @@ class Phase:
     def end(self) -> int:
         """Iterations of the model when the phase ended (cumulative over the phases)."""
         return self.start + self.iterations
+
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda": the kind of device the phase trained on (phases before ``TrainConfig.device`` existed
+        trained on the CPU)."""
+        return str(self.config.get("device", "cpu")).split(":")[0]
 
     @property
     def wall_seconds(self) -> float:
@@ -679,6 +699,76 @@ class ProgressResults:
         return sorted((r for r in self.rows if r["params"] == params), key=lambda r: r["iterations"])
 
 
+@dataclass(frozen=True)
+class ScreenPoint:
+    """One score of a training phase's weights at one sampling setting, from a ``screen_sampling.py`` file."""
+    phase: Phase
+    hours: float  # training wall hours up to the end of the phase (cumulative over the phases)
+    rel: str
+    command: str
+    row: dict
+
+
+def screen_series(checkpoint: TrainingCheckpoint, pattern: str, *, temperature: float, cfg: float) -> list[ScreenPoint]:
+    """The phases of ``checkpoint`` scored at (``temperature``, ``cfg``) by the result files matching ``pattern``,
+    in training order; the files must share one protocol (images, steps, seed), so their distances compare."""
+    points, protocols = [], {}
+    for path in sorted(RESULTS.glob(pattern)):
+        data = json.loads(path.read_text())
+        ended = [ph for ph in checkpoint.phases if ph.end == data["iterations"]]
+        if not ended:
+            raise ValueError(f"{path.name!r} scored weights after {data['iterations']} iterations; no phase of "
+                             f"{checkpoint.rel!r} ends there (ends: {[ph.end for ph in checkpoint.phases]!r})")
+        protocols[path.name] = data["protocol"]
+        hours = sum(ph.wall_seconds for ph in checkpoint.phases[:ended[0].index + 1]) / 3600
+        points += [ScreenPoint(ended[0], hours, path.name, data["command"], r) for r in data["rows"]
+                   if (r["temperature"], r["cfg"]) == (temperature, cfg)]
+    if len({json.dumps(v, sort_keys=True) for v in protocols.values()}) > 1:
+        raise ValueError(f"files matching {pattern!r} used different protocols, so their distances do not compare: "
+                         f"{protocols!r}")
+    return sorted(points, key=lambda pt: pt.phase.end)
+
+
+@dataclass(frozen=True)
+class ScreenStep:
+    """Two consecutive scores of :func:`screen_series` and the training between them."""
+    start: ScreenPoint
+    end: ScreenPoint
+    phases: tuple[Phase, ...]  # the phases trained between the two scores, in order
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """The peak learning rates of :attr:`phases`, in order."""
+        return tuple(ph.config["lr"] for ph in self.phases)
+
+    @property
+    def fall(self) -> float:
+        return self.start.row["frechet_distance"] - self.end.row["frechet_distance"]
+
+    @property
+    def fall_per_hour(self) -> float:
+        """How much the Fréchet distance fell per hour of training between the two scores (hours of whatever
+        machine trained: compare only steps trained on one machine)."""
+        return self.fall / (self.end.hours - self.start.hours)
+
+    @property
+    def fall_per_k_iterations(self) -> float:
+        """How much the Fréchet distance fell per 1,000 training iterations between the two scores: the pace that
+        compares across machines (issue 14's phases 17-19 trained on the H200 at 1/60 of the CPU's seconds)."""
+        return 1000 * self.fall / (self.end.phase.end - self.start.phase.end)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices of the phases trained between the two scores ("cpu" for phases before the option)."""
+        return tuple(dict.fromkeys(ph.device for ph in self.phases))
+
+
+def screen_steps(checkpoint: TrainingCheckpoint, points: list[ScreenPoint]) -> list[ScreenStep]:
+    """The steps between consecutive points of :func:`screen_series`."""
+    return [ScreenStep(a, b, tuple(checkpoint.phases[a.phase.index + 1:b.phase.index + 1]))
+            for a, b in zip(points, points[1:])]
+
+
 def worst_class(row: dict) -> tuple[str, float]:
     """(class, accuracy) of a scored row's worst class."""
     return min(row["per_class_accuracy"].items(), key=lambda kv: kv[1])
@@ -809,9 +899,10 @@ def render(page: str) -> str:
                        worst_class=worst_class, per_class_text=per_class_text, target_misses=target_misses,
                        targets=TARGETS, duration=duration, percentile=percentile,
                        cosine_alpha_bar_end=cosine_alpha_bar_end, sci=sci, preset=preset,
-                       classifier_files=ClassifierFiles, count_text=count_text)
+                       classifier_files=ClassifierFiles, count_text=count_text,
+                       screen_series=screen_series, screen_steps=screen_steps)
     # for map(): cands | map(attribute=...) | map("fmt", ".3f")
-    env.filters.update(fmt=fmt, preset=preset, count_text=count_text)
+    env.filters.update(fmt=fmt, preset=preset, count_text=count_text, sci=sci)
     if page not in PAGE_TEMPLATES:
         raise KeyError(f"no template is known for page {page!r}; expected one of {sorted(PAGE_TEMPLATES)!r}")
     template = PAGE_TEMPLATES[page]

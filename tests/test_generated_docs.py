@@ -122,6 +122,9 @@ def test_stage_comparisons_hold_only_when_disjoint_at_every_trained_stage(tmp_pa
     assert st.sign("hi", "chance") == 1 and st.sign("chance", "hi") == -1
     assert st.sign("hi", 0.65) == 1 and st.sign("hi", 0.75) == 0       # 0.8 +- 0.1 at b covers 0.75
     assert st.sign("wobbly", "chance") == 0                                # overlaps at a, below at b
+    assert st.stage_signs("wobbly", 0.5) == [0, -1]                        # [0.45, 0.65] covers it; [0.2, 0.4] below
+    assert st.where("wobbly", 0.5) == "not shown at `a`; reversed at `b`"
+    assert st.where("hi", 0.75) == "holds at `a`; not shown at `b`"
     assert st.verdict("wobbly") == "moves with training: down `a` to `b`"
 
 
