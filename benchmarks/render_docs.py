@@ -754,7 +754,7 @@ class ScreenStep:
     @property
     def fall_per_k_iterations(self) -> float:
         """How much the Fréchet distance fell per 1,000 training iterations between the two scores: the pace that
-        compares across machines (issue 14's phases 17-19 trained on the H200 at 1/60 of the CPU's seconds)."""
+        compares across machines (issue 14: phases 17-19 trained on the H200, in a fraction of the CPU's seconds)."""
         return 1000 * self.fall / (self.end.phase.end - self.start.phase.end)
 
     @property

@@ -17,7 +17,7 @@ that the study still finish in about a minute on the new default, or be shrunk.
 
 ``--versus-flags`` gives the candidate's runs study flags of their own, to time a shrunk study against today's:
 
-    python benchmarks/time_study.py --versus data/training/fashion_b128.pth --versus-flags '--samples-per-seed 1' \
+    python benchmarks/time_study.py --versus data/training/fashion_b128.pth --versus-flags '--samples-per-seed 1' \\
         --rounds 2 --name study_time_b128_shrunk
 """
 from __future__ import annotations

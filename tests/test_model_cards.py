@@ -123,3 +123,38 @@ def test_a_packed_history_reads_as_its_rows(tmp_path, monkeypatch):
     for a, b in zip(rows.phases, packed.phases):
         assert (a.start, a.iterations, a.seconds) == (b.start, b.iterations, b.seconds)
         assert a.losses == pytest.approx(b.losses, rel=2 ** -11)  # float16's rounding
+
+
+def _screen(folder: Path, name: str, iterations: int, fd: float, protocol=None) -> None:
+    row = {"temperature": 0.6, "cfg": 3.0, "frechet_distance": fd, "class_accuracy": 0.9}
+    other = dict(row, temperature=1.0, frechet_distance=99.0)  # another setting: not in the series
+    (folder / name).write_text(R.json.dumps({"iterations": iterations, "command": "c", "rows": [row, other],
+                                             "protocol": protocol or {"per_class": 100, "seed": 1}}))
+
+
+def test_screen_series_paces_per_iteration_across_machines_and_refuses_mixed_protocols(tmp_path, monkeypatch):
+    """The 1,000-image table: a score per phase end, the fall between scores per hour and per 1,000 iterations (the
+    pace that compares a CPU phase with an accelerator's), the phases' rates and machines between two scores."""
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    history = [[i, 1.0, 3600.0 * (i + 1)] for i in range(4)] + [[4 + i, 1.0, 14400.0 + 36 * (i + 1)]
+                                                                 for i in range(4)]
+    phases = [{"iters": 2, "lr": 3e-4}, {"iters": 2, "lr": 1.5e-4, "device": "cpu"},
+              {"iters": 4, "lr": 3e-4, "device": "cuda:0"}]
+    _save(tmp_path, history, phases, lengths=[2, 2, 4])
+    ck = R.TrainingCheckpoint("m.pth")
+    _screen(tmp_path, "s_p0.json", 2, 40.0)
+    _screen(tmp_path, "s_p2.json", 8, 34.0)
+    series = R.screen_series(ck, "s_p*.json", temperature=0.6, cfg=3.0)
+    assert [(pt.phase.index, pt.hours, pt.row["frechet_distance"]) for pt in series] == [(0, 2.0, 40.0),
+                                                                                      (2, 4.04, 34.0)]
+    (step,) = R.screen_steps(ck, series)
+    assert step.rates == (1.5e-4, 3e-4) and step.devices == ("cpu", "cuda")
+    assert step.fall_per_k_iterations == pytest.approx(1000 * 6 / 6)
+    assert step.fall_per_hour == pytest.approx(6 / 2.04)
+    _screen(tmp_path, "s_p1.json", 4, 37.0, protocol={"per_class": 20, "seed": 1})
+    with pytest.raises(ValueError, match="used different protocols"):
+        R.screen_series(ck, "s_p*.json", temperature=0.6, cfg=3.0)
+    _screen(tmp_path, "s_p1.json", 3, 37.0)
+    with pytest.raises(ValueError, match=r"'s_p1.json' scored weights after 3 iterations; no phase .* \[2, 4, 8\]"):
+        R.screen_series(ck, "s_p*.json", temperature=0.6, cfg=3.0)
