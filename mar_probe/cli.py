@@ -838,5 +838,6 @@ def _run(args) -> int:
         print(f"mar-probe {args.command}: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
 
+
 if __name__ == "__main__":
     sys.exit(main())
