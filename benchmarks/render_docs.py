@@ -709,9 +709,9 @@ class ScreenPoint:
     row: dict
 
 
-def screen_series(checkpoint: TrainingCheckpoint, pattern: str, *, temperature: float, cfg: float) -> list[ScreenPoint]:
-    """The phases of ``checkpoint`` scored at (``temperature``, ``cfg``) by the result files matching ``pattern``,
-    in training order; the files must share one protocol (images, steps, seed), so their distances compare."""
+def _screen_points(checkpoint: TrainingCheckpoint, pattern: str) -> list[ScreenPoint]:
+    """Every row of the result files matching ``pattern``, each at the phase of ``checkpoint`` whose end it scored;
+    the files must share one protocol (images, steps, seed), so their distances compare."""
     points, protocols = [], {}
     for path in sorted(RESULTS.glob(pattern)):
         data = json.loads(path.read_text())
@@ -721,12 +721,39 @@ def screen_series(checkpoint: TrainingCheckpoint, pattern: str, *, temperature: 
                              f"{checkpoint.rel!r} ends there (ends: {[ph.end for ph in checkpoint.phases]!r})")
         protocols[path.name] = data["protocol"]
         hours = sum(ph.wall_seconds for ph in checkpoint.phases[:ended[0].index + 1]) / 3600
-        points += [ScreenPoint(ended[0], hours, path.name, data["command"], r) for r in data["rows"]
-                   if (r["temperature"], r["cfg"]) == (temperature, cfg)]
+        points += [ScreenPoint(ended[0], hours, path.name, data["command"], r) for r in data["rows"]]
     if len({json.dumps(v, sort_keys=True) for v in protocols.values()}) > 1:
         raise ValueError(f"files matching {pattern!r} used different protocols, so their distances do not compare: "
                          f"{protocols!r}")
+    return points
+
+
+def screen_series(checkpoint: TrainingCheckpoint, pattern: str, *, temperature: float, cfg: float) -> list[ScreenPoint]:
+    """The phases of ``checkpoint`` scored at (``temperature``, ``cfg``) by the result files matching ``pattern``,
+    in training order (see :func:`_screen_points` for the files' rules)."""
+    points = [pt for pt in _screen_points(checkpoint, pattern)
+              if (pt.row["temperature"], pt.row["cfg"]) == (temperature, cfg)]
     return sorted(points, key=lambda pt: pt.phase.end)
+
+
+def screen_settings(checkpoint: TrainingCheckpoint, pattern: str, *, phase: int | None = None) -> list[ScreenPoint]:
+    """The settings one phase of ``checkpoint`` was scored at by the files matching ``pattern``, lowest Fréchet
+    distance first; ``phase=None``: the last phase scored at more than one setting, so that the card's table of
+    settings follows the training without a list of files to keep by hand (issue 14)."""
+    points = _screen_points(checkpoint, pattern)
+    settings: dict[int, dict[tuple, ScreenPoint]] = {}
+    for pt in points:  # one point per setting: the first file (by name) that scored it
+        settings.setdefault(pt.phase.index, {}).setdefault((pt.row["temperature"], pt.row["cfg"]), pt)
+    if phase is None:
+        several = [index for index, found in settings.items() if len(found) > 1]
+        if not several:
+            raise ValueError(f"no phase of {checkpoint.rel!r} was scored at more than one setting by the files "
+                             f"matching {pattern!r} (phases scored: {sorted(settings)!r})")
+        phase = max(several)
+    if phase not in settings:
+        raise ValueError(f"phase {phase!r} of {checkpoint.rel!r} was not scored by the files matching {pattern!r}; "
+                         f"phases scored: {sorted(settings)!r}")
+    return sorted(settings[phase].values(), key=lambda pt: pt.row["frechet_distance"])
 
 
 @dataclass(frozen=True)
@@ -900,7 +927,8 @@ def render(page: str) -> str:
                        targets=TARGETS, duration=duration, percentile=percentile,
                        cosine_alpha_bar_end=cosine_alpha_bar_end, sci=sci, preset=preset,
                        classifier_files=ClassifierFiles, count_text=count_text,
-                       screen_series=screen_series, screen_steps=screen_steps)
+                       screen_series=screen_series, screen_steps=screen_steps,
+                       screen_settings=screen_settings)
     # for map(): cands | map(attribute=...) | map("fmt", ".3f")
     env.filters.update(fmt=fmt, preset=preset, count_text=count_text, sci=sci)
     if page not in PAGE_TEMPLATES:

@@ -158,3 +158,30 @@ def test_screen_series_paces_per_iteration_across_machines_and_refuses_mixed_pro
     _screen(tmp_path, "s_p1.json", 3, 37.0)
     with pytest.raises(ValueError, match=r"'s_p1.json' scored weights after 3 iterations; no phase .* \[2, 4, 8\]"):
         R.screen_series(ck, "s_p*.json", temperature=0.6, cfg=3.0)
+
+
+def test_screen_settings_takes_the_last_phase_scored_at_several_settings(tmp_path, monkeypatch):
+    """The card's table of settings: found by the files' names, one row per setting (the first file's), best
+    first; the phase scored at one setting only is not taken by default; a phase never scored is refused."""
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    _save(tmp_path, [[i, 1.0, 60.0 * (i + 1)] for i in range(6)], [{"iters": 2}, {"iters": 2}, {"iters": 2}],
+          lengths=[2, 2, 2])
+    ck = R.TrainingCheckpoint("m.pth")
+    _screen(tmp_path, "s_p0.json", 2, 40.0)  # phase 0: T 0.6 (40.0) and T 1.0 (99.0)
+    _screen(tmp_path, "s_p1.json", 4, 30.0)  # phase 1: the same two settings
+    row = {"temperature": 0.8, "cfg": 3.0, "frechet_distance": 25.0, "class_accuracy": 0.9}
+    (tmp_path / "s_p1_t08.json").write_text(R.json.dumps({"iterations": 4, "command": "c", "rows": [row],
+                                                          "protocol": {"per_class": 100, "seed": 1}}))
+    (tmp_path / "s_p1_z.json").write_text(R.json.dumps({"iterations": 4, "command": "c", "rows": [
+        dict(row, frechet_distance=1.0)], "protocol": {"per_class": 100, "seed": 1}}))  # T 0.8 again: not taken
+    (tmp_path / "s_p2.json").write_text(R.json.dumps({"iterations": 6, "command": "c", "rows": [row],
+                                                      "protocol": {"per_class": 100, "seed": 1}}))
+    got = R.screen_settings(ck, "s_p*.json")
+    assert [(pt.phase.index, pt.rel, pt.row["temperature"], pt.row["frechet_distance"]) for pt in got] == [
+        (1, "s_p1_t08.json", 0.8, 25.0), (1, "s_p1.json", 0.6, 30.0), (1, "s_p1.json", 1.0, 99.0)]
+    assert [pt.row["frechet_distance"] for pt in R.screen_settings(ck, "s_p*.json", phase=0)] == [40.0, 99.0]
+    with pytest.raises(ValueError, match=r"phase 5 of .* was not scored .*; phases scored: \[0, 1, 2\]"):
+        R.screen_settings(ck, "s_p*.json", phase=5)
+    with pytest.raises(ValueError, match=r"no phase .* more than one setting .* \(phases scored: \[2\]\)"):
+        R.screen_settings(ck, "s_p2.json")
