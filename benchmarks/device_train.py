@@ -168,7 +168,14 @@ def join_data(stage: Path, machine: Path) -> Path:
 
 
 def write_parts(path: Path, out: Path, limit: int = RETURN_LIMIT) -> Manifest:
-    """Write ``path`` into ``out`` in parts of at most ``limit`` bytes, with a manifest."""
+    """Write the export ``path`` into ``out`` in parts of at most ``limit`` bytes, with a manifest, and its loss
+    history (the file beside it, small) whole."""
+    from mar_probe.models.checkpoints import history_file
+    if not history_file(path).is_file():
+        raise StageError(f"the export {str(path)!r} has no loss history beside it ({str(history_file(path))!r}); "
+                         "expected an export of `mar-probe train --export`, which writes both")
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(history_file(path), out / history_file(path).name)
     return write_split(path.read_bytes(), out, name=path.name, part_bytes=limit)
 
 
@@ -178,12 +185,20 @@ def unpack(folder: Path, dest: Path) -> Path:
     if len(found) != 1:
         raise StageError(f"expected one export manifest (*.manifest.json) in {str(folder)!r}, found "
                          f"{[m.name for m in found]!r}")
-    data = join_split(Manifest.read(found[0]), folder, when_missing="fetch the call's files again")
+    from mar_probe.models.checkpoints import history_file, read_checkpoint, read_history
+    manifest = Manifest.read(found[0])
+    data = join_split(manifest, folder, when_missing="fetch the call's files again")
+    side = history_file(folder / manifest.name)
+    if not side.is_file():
+        raise StageError(f"the export's loss history {str(side)!r} is missing (run_training copies it beside the "
+                         "parts); fetch the call's files again")
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(data)
-    from mar_probe.models.checkpoints import read_checkpoint
-    if "model_ema" not in read_checkpoint(dest):
+    shutil.copyfile(side, history_file(dest))
+    state = read_checkpoint(dest)
+    if "model_ema" not in state:
         raise StageError(f"{str(dest)!r} holds no 'model_ema': not an export of `mar-probe train --export`")
+    read_history(dest, state)  # its rows must match the export's iterations
     return dest
 
 

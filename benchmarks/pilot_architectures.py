@@ -77,10 +77,10 @@ def evaluate_file(path: Path, s: PilotSettings, label: str) -> dict:
     import numpy as np
 
     from mar_probe import load_model, sample
-    from mar_probe.models.checkpoints import history_rows, read_checkpoint
+    from mar_probe.models.checkpoints import read_checkpoint, read_history
     from mar_probe.quality import quality_report
     state = read_checkpoint(path)
-    history = history_rows(state["loss_history"])
+    history = read_history(path, state)
     model = load_model(path)
     labels = np.repeat(np.arange(model.num_classes), s.eval_per_class)
     t0 = time.time()

@@ -617,14 +617,19 @@ class TrainingCheckpoint:
             raise FileNotFoundError(f"checkpoint {str(self.path)!r} not found; expected a committed file under data/")
         import torch
         state = torch.load(self.path, map_location="cpu", weights_only=False)
-        missing = [k for k in ("model_ema", "loss_history", "train_phases", "mar_probe_config") if k not in state]
+        missing = [k for k in ("model_ema", "train_phases", "mar_probe_config") if k not in state]
         if missing:
             raise ValueError(f"{self.rel!r} lacks {missing!r}; expected an EMA export of `mar-probe train`")
         self.config, self.sampling_defaults = state["mar_probe_config"], state.get("sampling_defaults")
         self.params = sum(t.numel() for t in state["model_ema"].values())
         self.size_mb = self.path.stat().st_size / 1e6
-        from mar_probe.models.checkpoints import history_rows
-        history = history_rows(state["loss_history"])                   # exports packed since phase 11
+        self.weights_bytes = sum(t.numel() * t.element_size() for t in state["model_ema"].values())
+        from mar_probe.models.checkpoints import history_file, read_history
+        side = history_file(self.path)
+        # the history beside the file (since issue 14's phase 20), else None: it is inside
+        self.history_rel = f"data/{Path(rel).with_name(side.name)}" if "loss_history" not in state else None
+        self.history_bytes = side.stat().st_size if self.history_rel else 0
+        history = read_history(self.path, state)  # beside the file since phase 20, packed inside it in 11-19
         self.resets = sum(b[2] < a[2] for a, b in zip(history, history[1:]))  # clock restarts seen in the history
         self.phases = self._split(state["train_phases"], state.get("phase_iterations"), history)
 
@@ -632,9 +637,9 @@ class TrainingCheckpoint:
         lengths = list(lengths or [c["iters"] for c in configs])
         if len(lengths) != len(configs) or sum(lengths) != len(history):
             raise ValueError(f"{self.rel!r}: expected one iteration count per phase ({len(configs)} in train_phases) "
-                             f"adding up to the {len(history)} entries of loss_history, got {lengths!r}")
+                             f"adding up to the {len(history)} rows of its loss history, got {lengths!r}")
         if [int(h[0]) for h in history] != list(range(len(history))):
-            raise ValueError(f"{self.rel!r}: expected loss_history iterations 0, 1, ... cumulative over the phases, "
+            raise ValueError(f"{self.rel!r}: expected loss history iterations 0, 1, ... cumulative over the phases, "
                              f"got {[h[0] for h in history[:3]]!r} ... {history[-1][0]!r}")
         seconds, losses = iteration_seconds([h[2] for h in history]), [h[1] for h in history]
         phases, start = [], 0

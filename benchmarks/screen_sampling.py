@@ -99,13 +99,14 @@ def main(argv=None) -> int:
 
     from mar_probe import load_model
     from mar_probe.engine import SamplingConfig
-    from mar_probe.models.checkpoints import history_rows, read_checkpoint
+    from mar_probe.models.checkpoints import read_checkpoint, read_history
     from mar_probe.probe.record import weights_sha256
     torch.set_num_threads(args.threads)
     model = load_model(args.checkpoint)
     labels = np.repeat(np.arange(model.num_classes), args.per_class)
     command = "python benchmarks/screen_sampling.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    trained = len(history_rows(read_checkpoint(args.checkpoint).get("loss_history", [])))  # 0: not by mar_probe
+    state = read_checkpoint(args.checkpoint)
+    trained = len(read_history(args.checkpoint, state)) if "train_config" in state else 0  # 0: not by mar_probe
     head = dict(command=command, checkpoint=args.checkpoint, weights_sha256=weights_sha256(model), iterations=trained,
                 protocol=dict(per_class=args.per_class, num_images=len(labels), steps=args.steps,
                               head_steps=SamplingConfig(head_steps=args.head_steps).resolve(model).head_steps,

@@ -21,9 +21,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ._config import checked_fields
+from ._io import atomic_path
 from .models import MAR, preset_config
 from .models.blocks import ATTENTION_KERNELS, set_attention_kernel
-from .models.checkpoints import history_rows, pack_history, read_checkpoint
+from .models.checkpoints import read_checkpoint, read_history, write_history
 from .models.tokenizer import PixelTokenizer
 
 
@@ -271,9 +272,9 @@ def export_ema(checkpoint: str | Path, out: str | Path) -> Path:
     """Write the EMA weights of a training checkpoint as a small file the loader accepts on its own.
 
     A run warm-started from an exported file (``--init``) is the next phase of that model: the export carries the
-    earlier phases' configs (``train_phases``), their iteration counts (``phase_iterations``) and their loss
-    history, continued by this phase's (iterations and seconds cumulative, packed by
-    :func:`~mar_probe.models.checkpoints.pack_history`; read it with ``history_rows``), so one file tells a
+    earlier phases' configs (``train_phases``) and their iteration counts (``phase_iterations``); their loss
+    history, continued by this phase's (iterations and seconds cumulative), goes beside it
+    (:func:`~mar_probe.models.checkpoints.write_history`; read it with ``read_history``), so the two files tell a
     model's whole training, session after session.
     """
     state = read_checkpoint(checkpoint)
@@ -281,11 +282,13 @@ def export_ema(checkpoint: str | Path, out: str | Path) -> Path:
     it0, t0 = (history[-1][0] + 1, history[-1][2]) if history else (0, 0.0)
     history += [[it0 + it, loss, t0 + t] for it, loss, t in state["loss_history"]]
     slim = {"model_ema": state["model_ema"], "args": state["args"], "mar_probe_config": state["mar_probe_config"],
-            "train_config": state["train_config"], "epoch": state["epoch"], "loss_history": pack_history(history),
+            "train_config": state["train_config"], "epoch": state["epoch"],
             "train_phases": phases + [state["train_config"]], "phase_iterations": lengths + [state["epoch"]]}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(slim, out)
+    write_history(out, history)  # first: an export never stands without its history
+    with atomic_path(out) as tmp:
+        torch.save(slim, tmp)
     return out
 
 
@@ -296,7 +299,7 @@ def _earlier_phases(init: str | None) -> tuple[list, list, list]:
     prev = read_checkpoint(init)
     if "train_config" not in prev:  # not trained by mar_probe (e.g. an official checkpoint)
         return [], [], []
-    history = history_rows(prev.get("loss_history", []))
+    history = read_history(init, prev)
     phases = list(prev.get("train_phases") or [prev["train_config"]])
     lengths = list(prev.get("phase_iterations") or [len(history)])
     return phases, history, lengths

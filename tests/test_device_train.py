@@ -56,6 +56,7 @@ def test_two_calls_train_and_the_export_comes_back_byte_for_byte(tmp_path):
     assert joined.read_bytes() == (tmp_path / "run" / "e.pth").read_bytes()
     assert DT.unpack(out, tmp_path / "j2.pth").read_bytes() == joined.read_bytes()
     assert (out / "loss_history.json").is_file()
+    assert (tmp_path / "j2.history.pth").read_bytes() == (tmp_path / "run" / "e.history.pth").read_bytes()
 
 
 def test_a_missing_or_damaged_part_says_what_to_do(tmp_path):
@@ -70,11 +71,19 @@ def test_a_missing_or_damaged_part_says_what_to_do(tmp_path):
         DT.stage_parts(stage, machine)
     with pytest.raises(DT.StageError, match="need --export PATH"):
         DT.run_training(["--out", "x"], tmp_path, tmp_path)
-    DT.write_parts(Path(DT.__file__), tmp_path / "ret", limit=4000)
-    (tmp_path / "ret" / "device_train.py.part-1").unlink()
-    with pytest.raises(DT.StageError, match=r"parts \[1\] of \d+ of 'device_train.py'.*fetch the call's files"):
+    export = tmp_path / "e.pth"
+    export.write_bytes(Path(DT.__file__).read_bytes())  # bytes enough for several parts
+    with pytest.raises(DT.StageError, match=r"'.*e.pth' has no loss history beside it \('.*e.history.pth'\)"):
+        DT.write_parts(export, tmp_path / "ret", limit=4000)
+    (tmp_path / "e.history.pth").write_bytes(b"h")
+    DT.write_parts(export, tmp_path / "ret", limit=4000)
+    (tmp_path / "ret" / "e.history.pth").unlink()
+    with pytest.raises(DT.StageError, match=r"loss history '.*ret/e.history.pth' is missing .*fetch the call's"):
         DT.unpack(tmp_path / "ret", tmp_path / "x.pth")
-    (tmp_path / "ret" / "device_train.py.manifest.json").unlink()
+    (tmp_path / "ret" / "e.pth.part-1").unlink()
+    with pytest.raises(DT.StageError, match=r"parts \[1\] of \d+ of 'e.pth'.*fetch the call's files"):
+        DT.unpack(tmp_path / "ret", tmp_path / "x.pth")
+    (tmp_path / "ret" / "e.pth.manifest.json").unlink()
     with pytest.raises(DT.StageError, match=r"expected one export manifest .* found \[\]"):
         DT.unpack(tmp_path / "ret", tmp_path / "x.pth")
 

@@ -62,7 +62,7 @@ def test_the_loss_after_the_warm_up_and_the_last_100_iterations_standard_error(t
 def test_iteration_counts_that_do_not_add_up_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(R, "DATA", tmp_path)
     _save(tmp_path, [[0, 1.0, 1.0], [1, 1.0, 2.0]], [{"iters": 5}])
-    with pytest.raises(ValueError, match=r"adding up to the 2 entries of loss_history, got \[5\]"):
+    with pytest.raises(ValueError, match=r"adding up to the 2 rows of its loss history, got \[5\]"):
         R.TrainingCheckpoint("m.pth")
     with pytest.raises(FileNotFoundError, match="expected a committed file under data/"):
         R.TrainingCheckpoint("missing.pth")
@@ -110,9 +110,10 @@ def test_a_row_scored_from_the_same_path_is_not_the_current_weights_unless_its_i
 
 
 def test_a_packed_history_reads_as_its_rows(tmp_path, monkeypatch):
-    """Exports pack their loss history (mar_probe.models.checkpoints.pack_history); the card reads the same
-    phases, seconds and losses from it as from the rows."""
-    from mar_probe.models.checkpoints import pack_history
+    """Exports of phases 11-19 pack their loss history inside (mar_probe.models.checkpoints.pack_history), later
+    ones keep it beside them (write_history); the card reads the same phases, seconds and losses from either as
+    from the rows."""
+    from mar_probe.models.checkpoints import pack_history, write_history
     monkeypatch.setattr(R, "DATA", tmp_path)
     history = [[i, 1.0 / (i + 1), 30.0 * (i + 1)] for i in range(4)]
     phases = [{"iters": 2, "max_minutes": 5}, {"iters": 2, "max_minutes": 5}]
@@ -123,6 +124,14 @@ def test_a_packed_history_reads_as_its_rows(tmp_path, monkeypatch):
     for a, b in zip(rows.phases, packed.phases):
         assert (a.start, a.iterations, a.seconds) == (b.start, b.iterations, b.seconds)
         assert a.losses == pytest.approx(b.losses, rel=2 ** -11)  # float16's rounding
+    state = torch.load(tmp_path / "m.pth", weights_only=False)
+    del state["loss_history"]                                     # exports since phase 20: the history beside
+    torch.save(state, tmp_path / "m.pth")
+    write_history(tmp_path / "m.pth", history)
+    beside = R.TrainingCheckpoint("m.pth")
+    for a, b in zip(rows.phases, beside.phases):
+        assert (a.start, a.iterations, a.seconds) == (b.start, b.iterations, b.seconds)
+        assert a.losses == pytest.approx(b.losses, rel=2 ** -24)  # float32's rounding
 
 
 def _screen(folder: Path, name: str, iterations: int, fd: float, protocol=None) -> None:

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from mar_probe import load_model
-from mar_probe.models.checkpoints import history_rows, pack_history
+from mar_probe.models.checkpoints import CheckpointError, history_file, history_rows, pack_history, read_history
 from mar_probe.train import TrainConfig, export_ema, lr_at, train
 
 
@@ -142,23 +142,48 @@ def test_cli_train_ctrl_c_exits_130_and_bad_values_leave_no_folder(tmp_path, mon
 
 
 def test_export_of_a_warm_start_carries_the_earlier_phases(tmp_path):
+    """The export holds every phase's config and length; the loss history of all phases lies beside it in float32
+    (issue 14: inside, it would outgrow the 25 MB cap), and a history of other weights, or none, is refused."""
     import dataclasses
+    import shutil
     first = export_ema(train(_cfg(tmp_path / "p1", 3)), tmp_path / "p1.pth")
     second_cfg = dataclasses.replace(_cfg(tmp_path / "p2", 2), init=str(first), seed=1)
-    second = torch.load(export_ema(train(second_cfg), tmp_path / "p2.pth"), weights_only=False)
+    second_path = export_ema(train(second_cfg), tmp_path / "p2.pth")
+    second = torch.load(second_path, weights_only=False)
     assert second["phase_iterations"] == [3, 2] and len(second["train_phases"]) == 2
     assert second["train_phases"][1]["init"] == str(first) and second["train_phases"][0]["init"] is None
-    history = history_rows(second["loss_history"])             # packed: float16 loss and step seconds
-    packed = second["loss_history"]
-    assert packed["loss"].dtype == packed["step_seconds"].dtype == torch.float16
-    assert packed["loss"].shape == packed["step_seconds"].shape == (5,)
+    assert "loss_history" not in second and history_file(second_path) == tmp_path / "p2.history.pth"
+    packed = torch.load(tmp_path / "p2.history.pth", weights_only=True)
+    assert packed["loss"].dtype == packed["step_seconds"].dtype == torch.float32
+    history = read_history(second_path, second)
     assert [h[0] for h in history] == [0, 1, 2, 3, 4]
     times = [h[2] for h in history]
     assert times == sorted(times)
     p1 = torch.load(first, weights_only=False)
-    assert [h[1] for h in history[:3]] == [h[1] for h in history_rows(p1["loss_history"])]
+    assert [h[1] for h in history[:3]] == [h[1] for h in read_history(first, p1)]
     run = torch.load(tmp_path / "p2" / "checkpoint-last.pth", weights_only=False)["loss_history"]
-    assert [h[1] for h in history[3:]] == [torch.tensor(h[1]).half().item() for h in run]
+    assert [h[1] for h in history[3:]] == [torch.tensor(h[1]).float().item() for h in run]
+    shutil.copyfile(tmp_path / "p1.history.pth", tmp_path / "p2.history.pth")
+    with pytest.raises(CheckpointError, match=r"'.*p2.history.pth' has 3 rows, but .*'.*p2.pth' was trained 5 "):
+        read_history(second_path, second)
+    (tmp_path / "p2.history.pth").unlink()
+    with pytest.raises(CheckpointError, match=r"beside it, but '.*p2.history.pth' was not found"):
+        read_history(second_path, second)
+
+
+def test_a_warm_start_from_an_export_with_its_history_inside_carries_it_beside(tmp_path):
+    """Exports of issue 14's phases 11-19 hold a float16 history inside; the next phase's export moves it beside."""
+    import dataclasses
+    first = export_ema(train(_cfg(tmp_path / "p1", 3)), tmp_path / "p1.pth")
+    state = torch.load(first, weights_only=False)
+    rows = read_history(first, state)
+    old = tmp_path / "old.pth"
+    torch.save(dict(state, loss_history=pack_history(rows)), old)                # as phase 19's file
+    second = export_ema(train(dataclasses.replace(_cfg(tmp_path / "p2", 2), init=str(old), seed=1)),
+                        tmp_path / "p2.pth")
+    history = read_history(second, torch.load(second, weights_only=False))
+    assert len(history) == 5 and not history_file(old).exists()
+    assert [h[1] for h in history[:3]] == [torch.tensor(r[1]).half().item() for r in rows]
 
 
 def test_packed_history_round_trips_and_refuses_gaps():
@@ -185,6 +210,11 @@ def test_packed_history_round_trips_and_refuses_gaps():
         torch.save({"loss_history": value}, buf)
         sizes.append(buf.tell())
     assert sizes[2] < 62_500 < 80_000 < sizes[1] < sizes[0]              # 60,000 bytes of data + the zip's
+    wide = history_rows(pack_history(rows, dtype=torch.float32))  # beside an export (read_history)
+    assert max(abs(a[1] - b[1]) / a[1] for a, b in zip(rows, wide)) <= 2 ** -24
+    assert max(abs(a[2] - b[2]) for a, b in zip(rows, wide)) < 1e-4 < seconds_err
+    with pytest.raises(ValueError, match=r"float16 or float32, got dtype torch.float64"):
+        pack_history(rows, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"iterations 0, 1, ..., 1, got \[0, 2\]"):
         pack_history([[0, 1.0, 1.0], [2, 1.0, 2.0]])
     with pytest.raises(ValueError, match=r"\[N, 2\] tensor of \(loss, seconds\), got shape \(4, 3\)"):

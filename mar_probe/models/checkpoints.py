@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._io import load_weights
+from .._io import atomic_path, load_weights
 from .config import MARConfig
 from .mar import MAR
 from .presets import PRESETS, preset_config
@@ -96,9 +96,11 @@ def read_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def pack_history(rows) -> dict[str, torch.Tensor]:
-    """A cumulative loss history ``[[iteration, loss, seconds], ...]`` (iterations 0, 1, ...) packed as two float16
-    vectors: ``loss`` and ``step_seconds`` (each iteration's own seconds: the cumulative ones' differences).
+def pack_history(rows, *, dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
+    """A cumulative loss history ``[[iteration, loss, seconds], ...]`` (iterations 0, 1, ...) packed as two
+    vectors of ``dtype``: ``loss`` and ``step_seconds`` (each iteration's own seconds: the cumulative ones'
+    differences). Exports keep it beside them (:func:`write_history`) in float32; float16 was for histories kept
+    inside the 25 MB file (phases 11-19 of issue 14).
 
     An export of a MAR-B-deep model holds 24.86 MB of EMA weights and must stay under 25 MB (issue 14), while its
     history grows by ~1,000 rows per CPU phase and ~7,000 per accelerator lease: pickled as lists, a row costs ~27
@@ -114,12 +116,54 @@ def pack_history(rows) -> dict[str, torch.Tensor]:
     if its != list(range(len(rows))):
         raise ValueError(f"a packed loss history needs iterations 0, 1, ..., {len(rows) - 1}, got {its[:3]!r} ... "
                          f"{its[-1:]!r}")
+    if dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"a packed loss history is float16 or float32, got dtype {dtype!r}")
+    rounded = np.float16 if dtype == torch.float16 else np.float32
     steps, summed = [], 0.0
     for r in rows:  # each step rounds what the rounded steps before it left over, so errors do not add up
-        steps.append(float(np.float16(r[2] - summed)))
+        steps.append(float(rounded(r[2] - summed)))
         summed += steps[-1]
-    return {"loss": torch.tensor([r[1] for r in rows], dtype=torch.float16),       # [N]
-            "step_seconds": torch.tensor(steps, dtype=torch.float16)}             # [N]
+    return {"loss": torch.tensor([r[1] for r in rows], dtype=dtype),       # [N]
+            "step_seconds": torch.tensor(steps, dtype=dtype)}             # [N]
+
+
+def history_file(path: str | Path) -> Path:
+    """Where an export keeps its loss history: beside it, ``NAME.history.pth`` for ``NAME.pth``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.history{path.suffix or '.pth'}")
+
+
+def write_history(path: str | Path, rows) -> Path:
+    """Write the loss history of the export at ``path`` beside it (:func:`history_file`; float32
+    :func:`pack_history` vectors).
+
+    Why beside it: an export of issue 14's MAR-B-deep model holds 24.86 MB of EMA weights and must stay under 25 MB,
+    while its history grows with every phase (~1,000 rows per CPU phase, ~7,000 per accelerator lease); inside the
+    file, even at 4 bytes a row, it would outgrow the cap within a few phases."""
+    out = history_file(path)
+    with atomic_path(out) as tmp:  # never a torn history beside good weights
+        torch.save(pack_history(rows, dtype=torch.float32), tmp)
+    return out
+
+
+def read_history(path: str | Path, state: dict) -> list[list[float]]:
+    """``[[iteration, loss, seconds], ...]`` of the checkpoint at ``path`` (``state``: the dict it holds): from
+    the file beside it (:func:`history_file`) when the checkpoint holds no ``loss_history`` (exports since issue 14's
+    phase 20), else its own (run checkpoints, earlier exports). A file beside it must hold one row per iteration of
+    the checkpoint's ``phase_iterations``, so a history left from other weights is refused."""
+    if "loss_history" in state:
+        return history_rows(state["loss_history"])
+    side = history_file(path)
+    if not side.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} keeps its loss history beside it, but {str(side)!r} was "
+                              "not found; copy it with the checkpoint (mar_probe.train.export_ema writes both)")
+    rows = history_rows(load_weights(side, what="loss history", error=CheckpointError))
+    expected = sum(state.get("phase_iterations") or [])
+    if len(rows) != expected:
+        raise CheckpointError(f"loss history {str(side)!r} has {len(rows)} rows, but checkpoint {str(path)!r} was "
+                              f"trained {expected} iterations (sum of its phase_iterations): it belongs to other "
+                              "weights")
+    return rows
 
 
 def history_rows(history) -> list[list[float]]:

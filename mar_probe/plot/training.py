@@ -12,7 +12,8 @@ def plot_loss_curve(history, path=None, ax=None, window: int = 50, phase_iterati
     Parameters
     ----------
     history : sequence of [iteration, loss, seconds], or a packed [N, 2] tensor
-        As stored in a training checkpoint's ``loss_history`` (an export's is packed: ``history_rows``).
+        A run checkpoint's ``loss_history``, or a packed one (``history_rows``); an export's lies beside it
+        (:func:`plot_checkpoint_loss` reads it).
     path : str or Path, optional
         Save the figure here.
     ax : matplotlib Axes, optional
@@ -42,3 +43,15 @@ def plot_loss_curve(history, path=None, ax=None, window: int = 50, phase_iterati
     if path is not None:
         ax.figure.savefig(Path(path), dpi=120)
     return ax
+
+
+def plot_checkpoint_loss(checkpoint, path=None, ax=None, window: int = 50):
+    """:func:`plot_loss_curve` of a trained checkpoint: its loss history (beside an export, or inside a run
+    checkpoint: :func:`~mar_probe.models.checkpoints.read_history`) with a dotted line where each phase began.
+
+    The model card's figure: ``plot_checkpoint_loss("data/training/fashion_b128.pth",
+    "data/training/fashion_b128_loss.png")``."""
+    from ..models.checkpoints import read_checkpoint, read_history
+    state = read_checkpoint(checkpoint)
+    return plot_loss_curve(read_history(checkpoint, state), path, ax=ax, window=window,
+                           phase_iterations=state.get("phase_iterations"))
