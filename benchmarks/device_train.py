@@ -171,11 +171,12 @@ def write_parts(path: Path, out: Path, limit: int = RETURN_LIMIT) -> Manifest:
     """Write the export ``path`` into ``out`` in parts of at most ``limit`` bytes, with a manifest, and its loss
     history (the file beside it, small) whole."""
     from mar_probe.models.checkpoints import history_file
-    if not history_file(path).is_file():
-        raise StageError(f"the export {str(path)!r} has no loss history beside it ({str(history_file(path))!r}); "
+    side = history_file(path)
+    if not side.is_file():
+        raise StageError(f"the export {str(path)!r} has no loss history beside it ({str(side)!r}); "
                          "expected an export of `mar-probe train --export`, which writes both")
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(history_file(path), out / history_file(path).name)
+    shutil.copyfile(side, out / side.name)
     return write_split(path.read_bytes(), out, name=path.name, part_bytes=limit)
 
 

@@ -102,12 +102,11 @@ def pack_history(rows, *, dtype: torch.dtype = torch.float16) -> dict[str, torch
     differences). Exports keep it beside them (:func:`write_history`) in float32; float16 was for histories kept
     inside the 25 MB file (phases 11-19 of issue 14).
 
-    An export of a MAR-B-deep model holds 24.86 MB of EMA weights and must stay under 25 MB (issue 14), while its
-    history grows by ~1,000 rows per CPU phase and ~7,000 per accelerator lease: pickled as lists, a row costs ~27
-    bytes; as float32 (loss, cumulative seconds), 8 (exports of phases 11-13); float32 loss and float16 steps, 6
-    (phases 14-19, which left 9 KB after 20,388 rows); now 4. Float16 keeps a loss near 0.07 to 3e-5 (a relative
-    2^-11, rounded to nearest, so the errors of a 100-iteration mean, which the card prints to 4 decimals, mostly
-    cancel), a 5 s step to 4 ms and a 40 s stall to 31 ms; as each step is rounded with what the earlier roundings
+    Inside the file a row cost, pickled as lists, ~27 bytes; as float32 (loss, cumulative seconds), 8 (exports of
+    phases 11-13); float32 loss and float16 steps, 6 (phases 14-18, which left 9 KB after 20,388 rows); float16, 4
+    (phase 19); why it then moved beside the file: :func:`write_history`. Float16 keeps a loss near 0.07 to 3e-5
+    (a relative 2^-11, rounded to nearest, so the errors of a 100-iteration mean, which the card prints to 4
+    decimals, mostly cancel), a 5 s step to 4 ms and a 40 s stall to 31 ms; as each step is rounded with what the earlier roundings
     left over, summing them back in float64 gives every cumulative second within half a step's rounding (steps of
     one length rounded alike would otherwise add up).
     """
