@@ -104,11 +104,11 @@ def pack_history(rows, *, dtype: torch.dtype = torch.float16) -> dict[str, torch
 
     Inside the file a row cost, pickled as lists, ~27 bytes; as float32 (loss, cumulative seconds), 8 (exports of
     phases 11-13); float32 loss and float16 steps, 6 (phases 14-18, which left 9 KB after 20,388 rows); float16, 4
-    (phase 19); why it then moved beside the file: :func:`write_history`. Float16 keeps a loss near 0.07 to 3e-5
-    (a relative 2^-11, rounded to nearest, so the errors of a 100-iteration mean, which the card prints to 4
-    decimals, mostly cancel), a 5 s step to 4 ms and a 40 s stall to 31 ms; as each step is rounded with what the earlier roundings
-    left over, summing them back in float64 gives every cumulative second within half a step's rounding (steps of
-    one length rounded alike would otherwise add up).
+    (phase 19); why it then moved beside the file: :func:`write_history`. Float16 keeps a loss near 0.07 to 3e-5 (a
+    relative 2^-11, rounded to nearest, so the errors of a 100-iteration mean, which the card prints to 4 decimals,
+    mostly cancel), a 5 s step to 4 ms and a 40 s stall to 31 ms; as each step is rounded with what the earlier
+    roundings left over, summing them back in float64 gives every cumulative second within half a step's rounding
+    (steps of one length rounded alike would otherwise add up).
     """
     rows = [list(r) for r in rows]
     its = [int(r[0]) for r in rows]
