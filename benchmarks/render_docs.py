@@ -801,6 +801,34 @@ def screen_steps(checkpoint: TrainingCheckpoint, points: list[ScreenPoint]) -> l
             for a, b in zip(points, points[1:])]
 
 
+@dataclass(frozen=True)
+class SeedPair:
+    """The same weights and setting scored with two sampling seeds: how far one seed's score is from another's."""
+    first: ScreenPoint
+    second: ScreenPoint
+
+    @property
+    def difference(self) -> float:
+        """Second seed's Fréchet distance minus the first's."""
+        return self.second.row["frechet_distance"] - self.first.row["frechet_distance"]
+
+
+def screen_seeds(checkpoint: TrainingCheckpoint, first: list[ScreenPoint], pattern: str) -> list[SeedPair]:
+    """Each score of the files matching ``pattern`` (another sampling seed, the same images, steps and head) beside
+    the point of ``first`` at the same phase and setting, in training order. Issue 14: the series gives one seed a
+    phase, and phase 21 scored above phase 20 at the best setting; a second seed says how much of such a step is
+    the sampler's noise. A score with no counterpart in ``first`` is refused (it would compare nothing)."""
+    by_key = {(pt.phase.index, pt.row["temperature"], pt.row["cfg"]): pt for pt in first}
+    pairs = []
+    for pt in _screen_points(checkpoint, pattern):
+        key = (pt.phase.index, pt.row["temperature"], pt.row["cfg"])
+        if key not in by_key:
+            raise ValueError(f"{pt.rel!r} scored phase {key[0]} at T {key[1]!r}, CFG {key[2]!r}, which the first "
+                             f"seed did not score; it did: {sorted(by_key)!r}")
+        pairs.append(SeedPair(by_key[key], pt))
+    return sorted(pairs, key=lambda pair: pair.first.phase.end)
+
+
 def worst_class(row: dict) -> tuple[str, float]:
     """(class, accuracy) of a scored row's worst class."""
     return min(row["per_class_accuracy"].items(), key=lambda kv: kv[1])
@@ -933,7 +961,7 @@ def render(page: str) -> str:
                        cosine_alpha_bar_end=cosine_alpha_bar_end, sci=sci, preset=preset,
                        classifier_files=ClassifierFiles, count_text=count_text,
                        screen_series=screen_series, screen_steps=screen_steps,
-                       screen_settings=screen_settings)
+                       screen_settings=screen_settings, screen_seeds=screen_seeds)
     # for map(): cands | map(attribute=...) | map("fmt", ".3f")
     env.filters.update(fmt=fmt, preset=preset, count_text=count_text, sci=sci)
     if page not in PAGE_TEMPLATES:

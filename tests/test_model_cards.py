@@ -194,3 +194,25 @@ def test_screen_settings_takes_the_last_phase_scored_at_several_settings(tmp_pat
         R.screen_settings(ck, "s_p*.json", phase=5)
     with pytest.raises(ValueError, match=r"no phase .* more than one setting .* \(phases scored: \[2\]\)"):
         R.screen_settings(ck, "s_p2.json")
+
+
+def test_screen_seeds_pairs_a_second_seed_with_the_first_at_the_same_phase_and_setting(tmp_path, monkeypatch):
+    """Issue 14: how far one sampling seed's score is from another's, for the same weights and setting; a second
+    seed's score that the first did not make is refused, naming what the first scored."""
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    _save(tmp_path, [[i, 1.0, 60.0 * (i + 1)] for i in range(4)], [{"iters": 2}, {"iters": 2}], lengths=[2, 2])
+    ck = R.TrainingCheckpoint("m.pth")
+    _screen(tmp_path, "s_p0.json", 2, 40.0)
+    _screen(tmp_path, "s_p1.json", 4, 30.0)
+    row = {"temperature": 0.6, "cfg": 3.0, "frechet_distance": 31.5, "class_accuracy": 0.9}
+    (tmp_path / "seed2_p1.json").write_text(R.json.dumps({"iterations": 4, "command": "c", "rows": [row],
+                                                          "protocol": {"per_class": 100, "seed": 2}}))
+    first = R.screen_series(ck, "s_p*.json", temperature=0.6, cfg=3.0)
+    (pair,) = R.screen_seeds(ck, first, "seed2_p*.json")
+    assert (pair.first.rel, pair.second.rel, pair.first.phase.index) == ("s_p1.json", "seed2_p1.json", 1)
+    assert pair.difference == pytest.approx(1.5)
+    _screen(tmp_path, "seed2_p1.json", 4, 31.5, protocol={"per_class": 100, "seed": 2})  # adds a T 1.0 row
+    with pytest.raises(ValueError, match=r"'seed2_p1.json' scored phase 1 at T 1.0, CFG 3.0, which the first seed "
+                                         r"did not score; it did: \[\(0, 0.6, 3.0\), \(1, 0.6, 3.0\)\]"):
+        R.screen_seeds(ck, first, "seed2_p*.json")
