@@ -961,7 +961,8 @@ def render(page: str) -> str:
                        cosine_alpha_bar_end=cosine_alpha_bar_end, sci=sci, preset=preset,
                        classifier_files=ClassifierFiles, count_text=count_text,
                        screen_series=screen_series, screen_steps=screen_steps,
-                       screen_settings=screen_settings, screen_seeds=screen_seeds)
+                       screen_settings=screen_settings, screen_seeds=screen_seeds, interval_text=interval_text,
+                       interval_verdict=interval_verdict)
     # for map(): cands | map(attribute=...) | map("fmt", ".3f")
     env.filters.update(fmt=fmt, preset=preset, count_text=count_text, sci=sci)
     if page not in PAGE_TEMPLATES:

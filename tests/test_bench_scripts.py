@@ -2,12 +2,15 @@
 ones (the error lists them) and the CPU's bf16-related flags are read as booleans (issue 14: bf16 autocast paid on
 one Xeon and not another); screen_sampling.py reuses an earlier screen's rows only for the same weights and
 protocol, and refuses a malformed setting with the form it expects; time_study.py alternates the embedded default
-and a candidate (issue 14: the study must still take about a minute on the new default) and takes their ratio."""
+and a candidate (issue 14: the study must still take about a minute on the new default) and takes their ratio;
+compare_training_runs.py pairs two runs of one seed iteration by iteration (issue 14, phase 22's rate A/B) and refuses
+runs that do not share their draws."""
 import argparse
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mar_probe.machine as M
@@ -15,6 +18,7 @@ import mar_probe.machine as M
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_train as BT  # noqa: E402
+import compare_training_runs as CT  # noqa: E402
 import screen_sampling as SS  # noqa: E402
 import time_study as TS  # noqa: E402
 
@@ -82,3 +86,43 @@ def test_the_study_timing_alternates_default_and_candidate_and_takes_the_ratio_o
     with pytest.raises(SystemExit):
         TS.main(["--versus-flags=--samples-per-seed 1"])  # flags for a candidate that is not named
     assert "--versus-flags '--samples-per-seed 1' needs --versus PATH" in capsys.readouterr().err
+
+
+def _tiny_run(tmp_path, name, lr):
+    from mar_probe.train import TrainConfig, train
+    cfg = TrainConfig(preset="mar_tiny", dataset="digits", out_dir=str(tmp_path / name), iters=8, batch_size=8,
+                      warmup_iters=2, ckpt_every=4, amp="none", threads=1, lr=lr, min_lr=lr / 10, seed=5)
+    train(cfg)
+    return tmp_path / name / "checkpoint-last.pth"
+
+
+def test_two_runs_of_one_seed_see_the_same_draws_and_their_paired_difference_is_written(tmp_path, monkeypatch):
+    base, same, other = (_tiny_run(tmp_path, n, lr) for n, lr in (("a", 1e-3), ("a2", 1e-3), ("b", 3e-3)))
+    a, a2, b = CT.Run.read(base), CT.Run.read(same), CT.Run.read(other)
+    assert np.array_equal(a.loss, a2.loss)  # the same seed and rate: the same run, bit for bit
+    # iteration 0 is computed before any update: the same weights and draws whatever the rate
+    assert a.loss[0] == b.loss[0] and not np.array_equal(a.loss, b.loss)
+    same_window = CT.paired_difference(a, a2, 0, 8, block=2)["difference"]
+    assert (same_window["estimate"], same_window["low"], same_window["high"]) == (0.0, 0.0, 0.0)
+    win = CT.paired_difference(a, b, 2, 8, block=2)
+    assert win["difference"]["n"] == 3 and win["second"] - win["first"] == pytest.approx(win["difference"]["estimate"])
+    monkeypatch.setattr(CT, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys.modules["common"], "RESULTS", tmp_path)
+    assert CT.main([str(base), str(other), "--block", "2", "--name", "ab"]) == 0
+    data = json.loads((tmp_path / "ab.json").read_text())
+    assert [r["config"]["lr"] for r in data["runs"]] == [1e-3, 3e-3] and (tmp_path / data["figure"]).is_file()
+    assert [r["label"] for r in data["runs"]] == ["lr 1e-3 -> 1e-4", "lr 3e-3 -> 3e-4"]  # as the commands write them
+    assert set(data["windows"]) == {"after warm-up", "last 300", "last 100"}
+
+
+def test_runs_that_do_not_share_their_draws_or_a_window_too_short_are_refused(tmp_path):
+    from mar_probe.train import TrainConfig
+    loss = np.linspace(0.2, 0.1, 10)
+    a = CT.Run(path="a.pth", config=TrainConfig(seed=1), loss=loss, seconds=np.arange(10.0))
+    b = CT.Run(path="b.pth", config=TrainConfig(seed=2), loss=loss, seconds=np.arange(10.0))
+    with pytest.raises(ValueError, match=r"differ in 'seed' \(1 vs 2\): a paired comparison needs the same init, seed"):
+        CT.check_paired(a, b)
+    with pytest.raises(ValueError, match=r"window \[0, 12\) must lie within the 10 iterations"):
+        CT.paired_difference(a, a, 0, 12, block=2)
+    with pytest.raises(ValueError, match="at least two blocks of 4"):
+        CT.paired_difference(a, a, 0, 6, block=4)
