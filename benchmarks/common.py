@@ -32,3 +32,11 @@ def write_result(name: str, payload: dict) -> Path:
     path = result_path(name)
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
     return path
+
+
+def sci(value: float, digits: int = 2) -> str:
+    """``6e-4``, ``2.4e-9``: short scientific notation with at most ``digits`` significant digits."""
+    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"

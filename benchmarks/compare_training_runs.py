@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, write_result  # noqa: E402
+from common import RESULTS, sci, write_result  # noqa: E402
 
 from mar_probe.models.checkpoints import read_checkpoint  # noqa: E402
-from mar_probe.quality.paired import interval  # noqa: E402
+from mar_probe.quality.paired import Interval, interval  # noqa: E402
 from mar_probe.train import TrainConfig  # noqa: E402
 
 PAIRED_FIELDS = ("init", "seed", "preset", "batch_size")  # must agree for iteration i to see the same draws
@@ -62,6 +62,13 @@ def check_paired(first: Run, second: Run) -> None:
                              f"comparison needs the same {', '.join(PAIRED_FIELDS)}")
 
 
+def block_interval(diff: np.ndarray, block: int) -> Interval:
+    """t interval of the mean of ``diff`` over the means of its consecutive blocks of ``block`` (a partial last
+    block is dropped): neighbouring iterations' differences are not independent, blocks nearly are."""
+    blocks = diff[: (len(diff) // block) * block].reshape(-1, block)    # [blocks, block]
+    return interval(blocks.mean(axis=1), method="t")
+
+
 def paired_difference(first: Run, second: Run, start: int, stop: int, *, block: int) -> dict:
     """Mean loss of each run over iterations ``[start, stop)`` and the paired difference, second minus first, with
     a t interval over the means of consecutive blocks of ``block`` iterations (a partial last block is dropped)."""
@@ -70,10 +77,9 @@ def paired_difference(first: Run, second: Run, start: int, stop: int, *, block: 
         raise ValueError(f"window [{start}, {stop}) must lie within the {n} iterations both runs completed and "
                          f"hold at least two blocks of {block}")
     diff = second.loss[start:stop] - first.loss[start:stop]            # [stop - start]
-    blocks = diff[: (len(diff) // block) * block].reshape(-1, block)    # [blocks, block]
     return {"start": start, "stop": stop, "first": float(first.loss[start:stop].mean()),
             "second": float(second.loss[start:stop].mean()),
-            "difference": interval(blocks.mean(axis=1), method="t").to_dict()}
+            "difference": block_interval(diff, block).to_dict()}
 
 
 def windows(first: Run, second: Run, *, block: int) -> dict[str, dict]:
@@ -83,12 +89,6 @@ def windows(first: Run, second: Run, *, block: int) -> dict[str, dict]:
     return {"after warm-up": paired_difference(first, second, warm, min(n, warm + 200), block=block),
             "last 300": paired_difference(first, second, max(0, n - 300), n, block=block),
             "last 100": paired_difference(first, second, max(0, n - 100), n, block=block)}
-
-
-def rate(value: float) -> str:
-    """A learning rate as the card and the commands write it: ``1.5e-4``, ``3e-4``."""
-    mantissa, exponent = f"{value:.2e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def plot(first: Run, second: Run, out: Path, *, block: int, labels: tuple[str, str]) -> Path:
@@ -106,8 +106,7 @@ def plot(first: Run, second: Run, out: Path, *, block: int, labels: tuple[str, s
         top.plot(mid, run.loss[:n].reshape(-1, size).mean(axis=1), marker="o", ms=3, label=label)
     top.set_ylabel(f"training loss\n(mean of {size} iterations)")
     top.legend()
-    diffs = [interval((second.loss[i:i + size] - first.loss[i:i + size]).reshape(-1, block).mean(axis=1),
-                      method="t") for i in range(0, n, size)]
+    diffs = [block_interval(second.loss[i:i + size] - first.loss[i:i + size], block) for i in range(0, n, size)]
     est = np.array([d.estimate for d in diffs])
     err = np.array([[d.estimate - d.low, d.high - d.estimate] for d in diffs]).T  # [2, blocks]
     bottom.errorbar(mid, est, yerr=err, fmt="o", ms=3, capsize=2)
@@ -134,7 +133,7 @@ def main(argv=None) -> int:
         p.error(f"--block must be a positive number of iterations, got {args.block!r}")
     first, second = Run.read(args.first), Run.read(args.second)
     check_paired(first, second)
-    labels = tuple(f"lr {rate(r.config.lr)} -> {rate(r.config.min_lr)}" for r in (first, second))
+    labels = tuple(f"lr {sci(r.config.lr)} -> {sci(r.config.min_lr)}" for r in (first, second))
     runs = [{"checkpoint": r.path, "label": label, "config": r.config.to_dict(), "iterations": len(r.loss),
              "minutes": float(r.seconds[-1] / 60)} for r, label in zip((first, second), labels)]
     compared = windows(first, second, block=args.block)  # before any file: a refused window writes nothing

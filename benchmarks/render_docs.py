@@ -38,6 +38,9 @@ from pathlib import Path
 
 import jinja2
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import sci  # noqa: E402  (shared with compare_training_runs.py's labels)
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TEMPLATES = ROOT / "benchmarks" / "templates"
@@ -521,14 +524,6 @@ def percentile(values, q: float) -> float:
     if not len(values):
         raise ValueError(f"percentile of no values (q={q!r}); expected at least one")
     return float(np.percentile(np.asarray(values, dtype=float), q))
-
-
-def sci(value: float, digits: int = 2) -> str:
-    """``6e-4``, ``2.4e-9``: short scientific notation with at most ``digits`` significant digits."""
-    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
-    if "." in mantissa:
-        mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{mantissa}e{int(exponent)}"
 
 
 def duration(seconds: float) -> str:
