@@ -736,6 +736,13 @@ def screen_series(checkpoint: TrainingCheckpoint, pattern: str, *, temperature: 
     return sorted(points, key=lambda pt: pt.phase.end)
 
 
+def screened_phases(checkpoint: TrainingCheckpoint, pattern: str) -> list[int]:
+    """The indices of the phases of ``checkpoint`` that the files matching ``pattern`` scored at any setting, in
+    training order: a phase scored only at the best setting is scored all the same (the card once called phases 21
+    and 23 unscored because they missed the T 0.6, CFG 3.0 series)."""
+    return sorted({pt.phase.index for pt in _screen_points(checkpoint, pattern)})
+
+
 def screen_settings(checkpoint: TrainingCheckpoint, pattern: str, *, phase: int | None = None) -> list[ScreenPoint]:
     """The settings one phase of ``checkpoint`` was scored at by the files matching ``pattern``, lowest Fréchet
     distance first; ``phase=None``: the last phase scored at more than one setting, so that the card's table of
@@ -955,7 +962,7 @@ def render(page: str) -> str:
                        targets=TARGETS, duration=duration, percentile=percentile,
                        cosine_alpha_bar_end=cosine_alpha_bar_end, sci=sci, preset=preset,
                        classifier_files=ClassifierFiles, count_text=count_text,
-                       screen_series=screen_series, screen_steps=screen_steps,
+                       screen_series=screen_series, screened_phases=screened_phases, screen_steps=screen_steps,
                        screen_settings=screen_settings, screen_seeds=screen_seeds, interval_text=interval_text,
                        interval_verdict=interval_verdict)
     # for map(): cands | map(attribute=...) | map("fmt", ".3f")
