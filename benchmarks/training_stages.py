@@ -15,6 +15,9 @@ held it (every training phase commits its weights, so a stage outlives the machi
 
     python benchmarks/training_stages.py --stage init=init:fashion_b128 \\
         --stage phase1=git:9bcf235:data/training/fashion_b128.pth --stage latest=data/training/fashion_b128.pth
+
+``--reuse benchmarks/results/training_stages.json`` takes every stage the committed file measured with the same
+weights and settings from it, so adding the next phase's column measures that stage only.
 """
 from __future__ import annotations
 
@@ -136,12 +139,29 @@ def compare_stage(stage: str, model, s: StageSettings) -> list[dict]:
             _row(stage, "marche minus lazymar PSNR, paired (dB)", res["marche"]["paired"]["psnr"])]
 
 
-def measure_stage(name: str, spec: str, out: Path, s: StageSettings) -> tuple[list[dict], dict]:
-    """One stage's rows, reused from ``out/rows.json`` when the same weights were measured with the same settings
-    (so stages can be measured in separate calls, e.g. while a later stage still trains)."""
+def earlier_rows(path: Path | None, name: str, source: dict, s: StageSettings) -> list[dict] | None:
+    """Stage ``name``'s rows in an earlier result file (``--reuse``) when it measured the same weights with the
+    same settings, else None. The ``out`` folder's cache dies with the machine; the committed file does not, so a
+    later session adds a stage (the next training phase) without measuring the committed ones again (issue 14)."""
+    if path is None:
+        return None
+    old = json.loads(path.read_text())
+    same = (old["stages"].get(name) == source
+            and old["settings"] == json.loads(json.dumps(s.__dict__)))
+    return [r for r in old["rows"] if r["stage"] == name] if same else None
+
+
+def measure_stage(name: str, spec: str, out: Path, s: StageSettings,
+                  reuse: Path | None = None) -> tuple[list[dict], dict]:
+    """One stage's rows, reused from ``out/rows.json`` or the ``reuse`` result file when the same weights were
+    measured with the same settings (so stages can be measured in separate calls, e.g. while a later stage still
+    trains)."""
     from mar_probe.probe.record import weights_sha256
     model, checkpoint = load_stage(spec, out)
     source = {"source": spec, "weights_sha256": weights_sha256(model)}
+    found = earlier_rows(reuse, name, source, s)
+    if found:
+        return found, source
     cache = out / "rows.json"
     key = {"source": source, "settings": s.__dict__}
     if cache.is_file():
@@ -219,6 +239,9 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="runs/stages", help="the stages' stores and rows (default runs/stages)")
+    p.add_argument("--reuse", type=Path, default=None, metavar="JSON",
+                   help="an earlier training_stages.json: its stages with the same source, weights and settings "
+                        "are taken from it, not measured again (e.g. benchmarks/results/training_stages.json)")
     p.add_argument("--results", default=str(RESULTS), help="where training_stages.{csv,json,png} go "
                                                          "(default benchmarks/results)")
     args = p.parse_args(argv)
@@ -234,7 +257,7 @@ def main(argv=None) -> int:
     for name, spec in stages.items():
         t0 = time.time()
         try:
-            stage_rows, sources[name] = measure_stage(name, spec, Path(args.out) / name, s)
+            stage_rows, sources[name] = measure_stage(name, spec, Path(args.out) / name, s, args.reuse)
         except ValueError as exc:
             p.error(f"--stage {name}={spec}: {exc}")
         rows += stage_rows

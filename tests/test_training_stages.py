@@ -50,6 +50,30 @@ def test_a_second_call_reuses_the_rows(stages):
     pd.testing.assert_frame_equal(pd.read_csv(results / "training_stages.csv"), first)
 
 
+def test_reuse_takes_the_committed_rows_on_a_fresh_machine(stages, tmp_path):
+    """--reuse FILE: a new out folder (a new machine) measures nothing for stages the file measured already."""
+    argv, _, results = stages
+    out, again = tmp_path / "out", tmp_path / "results"
+    assert TS.main([*argv[:argv.index("--out")], "--out", str(out), "--results", str(again),
+                    "--reuse", str(results / "training_stages.json")]) == 0
+    assert not list(out.glob("*/rows.json"))                  # nothing measured again
+    pd.testing.assert_frame_equal(pd.read_csv(again / "training_stages.csv"),
+                                  pd.read_csv(results / "training_stages.csv"))
+
+
+def test_reuse_refuses_other_weights_or_settings(stages):
+    _, _, results = stages
+    path = results / "training_stages.json"
+    data = json.loads(path.read_text())
+    s = TS.StageSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["settings"].items()})
+    source = data["stages"]["init"]
+    assert len(TS.earlier_rows(path, "init", source, s)) == QUANTITIES
+    assert TS.earlier_rows(path, "init", {**source, "weights_sha256": "0" * 64}, s) is None
+    assert TS.earlier_rows(path, "init", source, TS.StageSettings(**{**s.__dict__, "k": s.k + 1})) is None
+    assert TS.earlier_rows(path, "later", source, s) is None
+    assert TS.earlier_rows(None, "init", source, s) is None
+
+
 def test_a_stage_that_git_cannot_show_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         TS.main(["--stage", "x=git:HEAD:data/nothing.pth", *SMALL, "--out", str(tmp_path),
