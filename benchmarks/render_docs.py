@@ -711,10 +711,13 @@ class ScreenPoint:
 
 def _screen_points(checkpoint: TrainingCheckpoint, pattern: str) -> list[ScreenPoint]:
     """Every row of the result files matching ``pattern``, each at the phase of ``checkpoint`` whose end it scored;
-    the files must share one protocol (images, steps, seed), so their distances compare."""
+    the files must share one protocol (images, steps, seed), so their distances compare. A file with no rows yet
+    is left out."""
     points, protocols = [], {}
     for path in sorted(RESULTS.glob(pattern)):
         data = json.loads(path.read_text())
+        if not data["rows"]:
+            continue  # a screen still running (it writes its head first): no score yet, its phase maybe uncommitted
         ended = [ph for ph in checkpoint.phases if ph.end == data["iterations"]]
         if not ended:
             raise ValueError(f"{path.name!r} scored weights after {data['iterations']} iterations; no phase of "

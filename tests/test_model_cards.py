@@ -161,6 +161,10 @@ def test_screen_series_paces_per_iteration_across_machines_and_refuses_mixed_pro
     assert step.rates == (1.5e-4, 3e-4) and step.devices == ("cpu", "cuda")
     assert step.fall_per_k_iterations == pytest.approx(1000 * 6 / 6)
     assert step.fall_per_hour == pytest.approx(6 / 2.04)
+    running = {"iterations": 99, "command": "c", "rows": [], "protocol": {"per_class": 20, "seed": 1}}
+    (tmp_path / "s_p9.json").write_text(R.json.dumps(running))  # a screen still running, of weights not yet committed
+    assert R.screen_series(ck, "s_p*.json", temperature=0.6, cfg=3.0) == series
+    (tmp_path / "s_p9.json").unlink()
     _screen(tmp_path, "s_p1.json", 4, 37.0, protocol={"per_class": 20, "seed": 1})
     with pytest.raises(ValueError, match="used different protocols"):
         R.screen_series(ck, "s_p*.json", temperature=0.6, cfg=3.0)
