@@ -205,7 +205,8 @@ def draw(frame: pd.DataFrame, stages: list[str]):
                         **style)
         if any(label for _, label in lines):
             ax.legend(fontsize=7, loc="best")
-        ax.set_xticks(x, stages)
+        # Rotated: seven stage names overlap at this width when level (CI, phase 24's column).
+        ax.set_xticks(x, stages, rotation=30, ha="right", rotation_mode="anchor")
         ax.set_xlabel("training stage")
         ax.set_ylabel("mean [95% CI]")
         ax.set_title(title, fontsize=9)
