@@ -151,7 +151,8 @@ def test_a_fitted_phase_sizes_its_iterations_from_a_pilot_and_records_it(tmp_pat
     data, out = _fake_split(tmp_path / "data"), tmp_path / "out"
     flags = _flags(tmp_path)
     fit = DT.fit_iterations(flags, data, 0.05, pilot=4)
-    assert fit.pilot_iterations == 4 and 0 < fit.seconds_per_iteration < 3
+    # Two-sided but loose: beside a training run on the other core a pilot iteration measured 4.8 s (idle: < 1 s).
+    assert fit.pilot_iterations == 4 and 0 < fit.seconds_per_iteration < 30
     assert fit.iters == max(1, int(3 / fit.seconds_per_iteration))
     assert (tmp_path / "fit_pilot" / "checkpoint-last.pth").is_file() and not (tmp_path / "run").exists()
     DT.run_training(DT._set_flag(flags, "--max-minutes", "0.02"), data, out, fit_minutes=0.01)
