@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ._config import checked_fields
 from ._io import atomic_path
-from .models import MAR, preset_config
+from .models import DEFAULT_PRESET, MAR, preset_config
 from .models.blocks import ATTENTION_KERNELS, set_attention_kernel
 from .models.checkpoints import read_checkpoint, read_history, write_history
 from .models.tokenizer import PixelTokenizer
@@ -31,7 +31,7 @@ from .models.tokenizer import PixelTokenizer
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """What to train and how."""
-    preset: str = "fashion_small"
+    preset: str = DEFAULT_PRESET
     dataset: str = "fashion"  # "fashion" (Fashion-MNIST IDX files) or "digits" (scikit-learn's 8x8, for tests)
     data_dir: str | None = None
     out_dir: str = "runs/train"

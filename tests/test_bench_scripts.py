@@ -4,7 +4,8 @@ one Xeon and not another); screen_sampling.py reuses an earlier screen's rows on
 protocol, and refuses a malformed setting with the form it expects; time_study.py alternates the embedded default
 and a candidate (issue 14: the study must still take about a minute on the new default) and takes their ratio;
 compare_training_runs.py pairs two runs of one seed iteration by iteration (issue 14, phase 22's rate A/B) and refuses
-runs that do not share their draws."""
+runs that do not share their draws; ship_rehearsal.py switches a scratch tree's default to the candidate (issue 14:
+every test must pass on the new default) and reads the suite's JUnit report."""
 import argparse
 import json
 import sys
@@ -20,6 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_train as BT  # noqa: E402
 import compare_training_runs as CT  # noqa: E402
 import screen_sampling as SS  # noqa: E402
+import ship_rehearsal as SR  # noqa: E402
 import time_study as TS  # noqa: E402
 
 
@@ -126,3 +128,45 @@ def test_runs_that_do_not_share_their_draws_or_a_window_too_short_are_refused(tm
         CT.paired_difference(a, a, 0, 12, block=2)
     with pytest.raises(ValueError, match="at least two blocks of 4"):
         CT.paired_difference(a, a, 0, 6, block=4)
+
+
+def _scratch_tree(tmp_path, line):
+    (tmp_path / "data").mkdir(parents=True)
+    (tmp_path / "data/fashion_small.pth").write_bytes(b"old")
+    (tmp_path / "mar_probe/models").mkdir(parents=True)
+    (tmp_path / "mar_probe/models/checkpoints.py").write_text(f"DATA_DIR = 1\n{line}\nOTHER = 2\n")
+    return tmp_path
+
+
+def test_the_rehearsal_puts_the_candidate_in_data_takes_the_old_default_out_and_points_the_library_at_it(tmp_path):
+    real = (ROOT / "mar_probe/models/checkpoints.py").read_text()
+    assert len(SR.DEFAULT_LINE.findall(real)) == 1  # the line the script edits is where the default lives today
+    tree = _scratch_tree(tmp_path / "tree", 'DEFAULT_CHECKPOINT = DATA_DIR / "fashion_small.pth"')
+    candidate = tmp_path / "fashion_b128.pth"
+    candidate.write_bytes(b"new")
+    SR._switch_default(tree, candidate)
+    assert (tree / "data/fashion_b128.pth").read_bytes() == b"new" and not (tree / "data/fashion_small.pth").exists()
+    assert (tree / "mar_probe/models/checkpoints.py").read_text() == (
+        'DATA_DIR = 1\nDEFAULT_CHECKPOINT = DATA_DIR / "fashion_b128.pth"\nOTHER = 2\n')
+
+
+def test_the_rehearsal_refuses_a_tree_whose_default_is_set_elsewhere(tmp_path):
+    tree = _scratch_tree(tmp_path / "tree", 'DEFAULT_CHECKPOINT = Path("data/fashion_small.pth")')
+    (tmp_path / "c.pth").write_bytes(b"new")
+    with pytest.raises(RuntimeError, match="found 0"):
+        SR._switch_default(tree, tmp_path / "c.pth")
+
+
+def test_the_rehearsal_reads_outcomes_times_and_first_message_lines_from_the_junit_report(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite><testcase classname="tests.test_a" name="test_ok" time="1.5"/>'
+        '<testcase classname="tests.test_a" name="test_bad" time="0.25"><failure message="assert 1 == 2&#10;more">'
+        '</failure></testcase><testcase classname="tests.test_b" name="test_skip" time="0">'
+        '<skipped message="no GPU"/></testcase></testsuite></testsuites>')
+    summary = SR._summary(SR._cases(junit), slowest=2)
+    assert summary["counts"] == {"passed": 1, "failure": 1, "error": 0, "skipped": 1}
+    assert summary["failures"] == [{"id": "tests.test_a::test_bad", "seconds": 0.25, "outcome": "failure",
+                                    "message": "assert 1 == 2"}]
+    assert summary["slowest"] == [{"id": "tests.test_a::test_ok", "seconds": 1.5},
+                                  {"id": "tests.test_a::test_bad", "seconds": 0.25}]

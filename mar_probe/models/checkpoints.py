@@ -14,7 +14,7 @@ import torch
 from .._io import atomic_path, load_weights
 from .config import MARConfig
 from .mar import MAR
-from .presets import PRESETS, preset_config
+from .presets import DEFAULT_PRESET, PRESETS, preset_config
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 DEFAULT_CHECKPOINT = DATA_DIR / "fashion_small.pth"
@@ -54,7 +54,7 @@ def write_sampling_defaults(path: str | Path, **values) -> Path:
     return path
 
 
-def create_model(preset: str = "fashion_small", **overrides) -> MAR:
+def create_model(preset: str = DEFAULT_PRESET, **overrides) -> MAR:
     """Build a randomly initialised MAR from a preset name with keyword overrides."""
     return MAR(preset_config(preset, **overrides))
 

@@ -46,6 +46,8 @@ PRESETS: dict[str, dict] = {
                             diffloss_d=2, diffloss_w=32, num_sampling_steps="10"),
 }
 
+# the embedded default's preset (data/fashion_small.pth): create_model() and TrainConfig read it here, so a new
+# default (issue 14) changes one line
 DEFAULT_PRESET = "fashion_small"
 
 

@@ -1,0 +1,118 @@
+"""Rehearse shipping a new embedded default (issue 14): run the README's test suite as if the candidate had replaced it.
+
+Issue 14 asks that every command, test and notebook work unchanged on the new default and that the suite stay under
+20 minutes on 2 cores. Before the candidate meets its quality targets this says what shipping will have to change:
+the script checks the committed tree out into a scratch git worktree (the working copy is not touched), puts the
+candidate at ``data/<its file name>``, removes ``data/fashion_small.pth`` (issue 14: the old model leaves ``data/``)
+and points ``DEFAULT_CHECKPOINT`` at the candidate, then runs ``python -m pytest -q`` there with the worktree first
+on ``PYTHONPATH``. It records the suite's wall time, the counts, every failure with the first line of its message
+and the slowest tests in ``benchmarks/results/NAME.json``; the worktree is removed afterwards.
+
+    python benchmarks/ship_rehearsal.py --candidate data/training/fashion_b128.pth --name ship_rehearsal_b128
+
+A suite that runs past ``--timeout`` seconds is stopped and recorded as timed out, with its elapsed time.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_result  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD_DEFAULT = "data/fashion_small.pth"
+# the one line shipping edits: where the library's default checkpoint lives (mar_probe/models/checkpoints.py)
+DEFAULT_LINE = re.compile(r'^DEFAULT_CHECKPOINT = DATA_DIR / "[^"]+"$', re.MULTILINE)
+
+
+def _switch_default(tree: Path, candidate: Path) -> None:
+    """In the scratch ``tree``: the candidate in ``data/``, the old default out, the library pointed at it."""
+    shutil.copy2(candidate, tree / "data" / candidate.name)
+    (tree / OLD_DEFAULT).unlink()
+    source = tree / "mar_probe/models/checkpoints.py"
+    text, count = DEFAULT_LINE.subn(f'DEFAULT_CHECKPOINT = DATA_DIR / "{candidate.name}"', source.read_text())
+    if count != 1:
+        raise RuntimeError(f"expected one line matching {DEFAULT_LINE.pattern!r} in {str(source)!r}, found {count}; "
+                           "update this script to where the default checkpoint is set now")
+    source.write_text(text)
+
+
+def _cases(junit: Path) -> list[dict]:
+    """Every test case of a JUnit XML report: its id, seconds and outcome (with the message's first line)."""
+    cases = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome, message = tag, (found.get("message") or "").splitlines()[0:1]
+                message = message[0][:300] if message else ""
+                break
+        cases.append({"id": f"{case.get('classname')}::{case.get('name')}", "seconds": float(case.get("time", 0)),
+                      "outcome": outcome, "message": message})
+    return cases
+
+
+def _summary(cases: list[dict], slowest: int) -> dict:
+    counts = {o: sum(c["outcome"] == o for c in cases) for o in ("passed", "failure", "error", "skipped")}
+    ranked = sorted(cases, key=lambda c: -c["seconds"])[:slowest]
+    return {"counts": counts, "failures": [c for c in cases if c["outcome"] in ("failure", "error")],
+            "slowest": [{"id": c["id"], "seconds": c["seconds"]} for c in ranked]}
+
+
+def rehearse(candidate: Path, timeout: float, slowest: int) -> dict:
+    scratch = Path(tempfile.mkdtemp(prefix="ship_rehearsal_"))
+    tree, junit = scratch / "tree", scratch / "junit.xml"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True,
+                   capture_output=True)
+    try:
+        _switch_default(tree, candidate)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(argv, cwd=tree, env=env, timeout=timeout, capture_output=True, text=True)
+            returncode, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
+        except subprocess.TimeoutExpired:
+            returncode, tail = None, ""
+        seconds = time.perf_counter() - start
+        record = {"seconds": seconds, "timed_out": returncode is None, "returncode": returncode, "output_tail": tail}
+        return {**record, **(_summary(_cases(junit), slowest) if junit.exists() else {})}
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--candidate", type=Path, required=True, help="the checkpoint that would become the default")
+    p.add_argument("--name", default="ship_rehearsal", help="result file benchmarks/results/NAME.json")
+    p.add_argument("--timeout", type=float, default=3600.0, help="stop the suite after this many seconds")
+    p.add_argument("--slowest", type=int, default=25, help="how many of the slowest tests to record")
+    p.add_argument("--load", default="", help="what else ran on the machine meanwhile, stored with the result")
+    args = p.parse_args(argv)
+    if not args.candidate.is_file():
+        raise SystemExit(f"--candidate {str(args.candidate)!r} is not a file")
+    sha = hashlib.sha256(args.candidate.read_bytes()).hexdigest()
+    result = rehearse(args.candidate.resolve(), args.timeout, args.slowest)
+    command = "python benchmarks/ship_rehearsal.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    path = write_result(args.name, {"command": command, "candidate": str(args.candidate), "candidate_sha256": sha,
+                                    "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
+                                                             capture_output=True).stdout.strip(),
+                                    "load": args.load, **result})
+    print(f"{result.get('counts')} in {result['seconds']:.0f} s -> {path}")
+
+
+if __name__ == "__main__":
+    main()
