@@ -56,8 +56,8 @@ def _cases(junit: Path) -> list[dict]:
         for tag in ("failure", "error", "skipped"):
             found = case.find(tag)
             if found is not None:
-                outcome, message = tag, (found.get("message") or "").splitlines()[0:1]
-                message = message[0][:300] if message else ""
+                lines = (found.get("message") or "").splitlines()
+                outcome, message = tag, (lines[0][:300] if lines else "")
                 break
         cases.append({"id": f"{case.get('classname')}::{case.get('name')}", "seconds": float(case.get("time", 0)),
                       "outcome": outcome, "message": message})
