@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -303,3 +304,39 @@ def _earlier_phases(init: str | None) -> tuple[list, list, list]:
     phases = list(prev.get("train_phases") or [prev["train_config"]])
     lengths = list(prev.get("phase_iterations") or [len(history)])
     return phases, history, lengths
+
+
+def average_exports(paths, out: str | Path) -> Path:
+    """Write the uniform average of the EMA weights of several exports of one model (e.g. consecutive phases).
+
+    Each phase's EMA (``ema_rate`` 0.999) remembers about its last thousand iterations; averaging the exports of
+    consecutive phases is a longer memory over the same trajectory (issue 14: the distance stopped falling between
+    phases within one seed's noise). The exports must share ``mar_probe_config`` and state-dict shapes; the average
+    (in float64, stored in each tensor's dtype) carries the last export's training record, its loss history beside
+    it, and ``averaged_from`` (each source's path and SHA-256), so nobody mistakes it for a trained phase.
+    """
+    paths = [Path(p) for p in paths]
+    if len(paths) < 2:
+        raise ValueError(f"averaging needs at least two exports, got {[str(p) for p in paths]!r}")
+    states = [read_checkpoint(p) for p in paths]
+    _check_one_model(paths, states)
+    average = {k: (sum(s["model_ema"][k].double() for s in states) / len(states)).to(v.dtype)
+               for k, v in states[0]["model_ema"].items()}
+    sources = [{"path": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in paths]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_history(out, read_history(paths[-1], states[-1]))  # first: an export never stands without its history
+    with atomic_path(out) as tmp:
+        torch.save({**states[-1], "model_ema": average, "averaged_from": sources}, tmp)
+    return out
+
+
+def _check_one_model(paths: list[Path], states: list[dict]) -> None:
+    """Refuse exports of different models: another config, or other weight names or shapes."""
+    first = states[0]
+    shapes = {k: tuple(v.shape) for k, v in first["model_ema"].items()}
+    for path, state in zip(paths[1:], states[1:]):
+        if state.get("mar_probe_config") != first.get("mar_probe_config"):
+            raise ValueError(f"{str(path)!r} is another model than {str(paths[0])!r}: their mar_probe_config differ")
+        if {k: tuple(v.shape) for k, v in state["model_ema"].items()} != shapes:
+            raise ValueError(f"{str(path)!r} and {str(paths[0])!r} hold different weights (names or shapes)")

@@ -4,7 +4,7 @@ import torch
 
 from mar_probe import load_model
 from mar_probe.models.checkpoints import CheckpointError, history_file, history_rows, pack_history, read_history
-from mar_probe.train import TrainConfig, export_ema, lr_at, train
+from mar_probe.train import TrainConfig, average_exports, export_ema, lr_at, train
 
 
 def _cfg(tmp_path, iters):
@@ -235,3 +235,41 @@ def test_a_failing_loss_plot_warns_and_the_export_still_follows(tmp_path, monkey
         ckpt = train(_cfg(tmp_path, 2))
     assert not (tmp_path / "loss_curve.png").exists()
     assert load_model(export_ema(ckpt, tmp_path / "slim.pth")).config.name == "mar_tiny"
+
+
+def test_the_average_of_two_phases_exports_is_their_mean_loads_and_names_its_sources(tmp_path):
+    """Issue 14: averaging consecutive phases' exports is a longer EMA; the file says it is an average."""
+    import dataclasses
+    import hashlib
+    first = export_ema(train(_cfg(tmp_path / "p1", 2)), tmp_path / "p1.pth")
+    second = export_ema(train(dataclasses.replace(_cfg(tmp_path / "p2", 2), init=str(first), seed=1)),
+                        tmp_path / "p2.pth")
+    out = average_exports([first, second], tmp_path / "avg" / "m.pth")
+    a, b, avg = (torch.load(p, weights_only=False) for p in (first, second, out))
+    changed = [k for k in a["model_ema"] if not torch.equal(a["model_ema"][k], b["model_ema"][k])]
+    assert changed  # the second phase moved the weights, so the mean differs from either
+    for k in a["model_ema"]:
+        want = ((a["model_ema"][k].double() + b["model_ema"][k].double()) / 2).to(a["model_ema"][k].dtype)
+        assert torch.equal(avg["model_ema"][k], want), k
+    assert avg["averaged_from"] == [{"path": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                                    for p in (first, second)]
+    assert avg["phase_iterations"] == b["phase_iterations"] == [2, 2]
+    assert read_history(out, avg) == read_history(second, b)
+    assert load_model(out).config.name == "mar_tiny"
+
+
+def test_averaging_refuses_one_export_and_exports_of_another_model(tmp_path):
+    tiny = export_ema(train(_cfg(tmp_path / "t", 1)), tmp_path / "t.pth")
+    with pytest.raises(ValueError, match=r"at least two exports, got \['.*t.pth'\]"):
+        average_exports([tiny], tmp_path / "x.pth")
+    state = torch.load(tiny, weights_only=False)
+    config = state["mar_probe_config"]
+    torch.save({**state, "mar_probe_config": {**config, "decoder_depth": config["decoder_depth"] + 1}},
+               tmp_path / "w.pth")
+    with pytest.raises(ValueError, match=r"'.*w.pth' is another model than '.*t.pth'"):
+        average_exports([tiny, tmp_path / "w.pth"], tmp_path / "x.pth")
+    name = next(iter(state["model_ema"]))
+    torch.save({**state, "model_ema": {**state["model_ema"], name: torch.zeros(3, 1)}}, tmp_path / "s.pth")
+    with pytest.raises(ValueError, match=r"'.*s.pth' and '.*t.pth' hold different weights"):
+        average_exports([tiny, tmp_path / "s.pth"], tmp_path / "x.pth")
+    assert not (tmp_path / "x.pth").exists()
