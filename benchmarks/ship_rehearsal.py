@@ -48,8 +48,9 @@ def _switch_default(tree: Path, candidate: Path) -> None:
     source.write_text(text)
 
 
-def _cases(junit: Path) -> list[dict]:
-    """Every test case of a JUnit XML report: its id, seconds and outcome (with the message's first line)."""
+def _cases(junit: Path, strip: str = "") -> list[dict]:
+    """Every test case of a JUnit XML report: its id, seconds and outcome (with the message's first line, ``strip``
+    (the scratch tree's path) taken out of it, so paths read as the repository's)."""
     cases = []
     for case in ET.parse(junit).getroot().iter("testcase"):
         outcome, message = "passed", ""
@@ -57,7 +58,7 @@ def _cases(junit: Path) -> list[dict]:
             found = case.find(tag)
             if found is not None:
                 lines = (found.get("message") or "").splitlines()
-                outcome, message = tag, (lines[0][:300] if lines else "")
+                outcome, message = tag, (lines[0].replace(strip, "")[:300] if lines else "")
                 break
         cases.append({"id": f"{case.get('classname')}::{case.get('name')}", "seconds": float(case.get("time", 0)),
                       "outcome": outcome, "message": message})
@@ -88,7 +89,8 @@ def rehearse(candidate: Path, timeout: float, slowest: int) -> dict:
             returncode, tail = None, ""
         seconds = time.perf_counter() - start
         record = {"seconds": seconds, "timed_out": returncode is None, "returncode": returncode, "output_tail": tail}
-        return {**record, **(_summary(_cases(junit), slowest) if junit.exists() else {})}
+        cases = _cases(junit, strip=f"{tree}/") if junit.exists() else None
+        return {**record, **(_summary(cases, slowest) if cases is not None else {})}
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -161,12 +161,13 @@ def test_the_rehearsal_reads_outcomes_times_and_first_message_lines_from_the_jun
     junit = tmp_path / "junit.xml"
     junit.write_text(
         '<testsuites><testsuite><testcase classname="tests.test_a" name="test_ok" time="1.5"/>'
-        '<testcase classname="tests.test_a" name="test_bad" time="0.25"><failure message="assert 1 == 2&#10;more">'
+        '<testcase classname="tests.test_a" name="test_bad" time="0.25">'
+        '<failure message="assert 1 == 2 in /tmp/x/tree/data/m.pth&#10;more">'
         '</failure></testcase><testcase classname="tests.test_b" name="test_skip" time="0">'
         '<skipped message="no GPU"/></testcase></testsuite></testsuites>')
-    summary = SR._summary(SR._cases(junit), slowest=2)
+    summary = SR._summary(SR._cases(junit, strip="/tmp/x/tree/"), slowest=2)
     assert summary["counts"] == {"passed": 1, "failure": 1, "error": 0, "skipped": 1}
     assert summary["failures"] == [{"id": "tests.test_a::test_bad", "seconds": 0.25, "outcome": "failure",
-                                    "message": "assert 1 == 2"}]
+                                    "message": "assert 1 == 2 in data/m.pth"}]
     assert summary["slowest"] == [{"id": "tests.test_a::test_ok", "seconds": 1.5},
                                   {"id": "tests.test_a::test_bad", "seconds": 0.25}]
