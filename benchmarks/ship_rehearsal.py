@@ -11,6 +11,7 @@ and the slowest tests in ``benchmarks/results/NAME.json``; the worktree is remov
     python benchmarks/ship_rehearsal.py --candidate data/training/fashion_b128.pth --name ship_rehearsal_b128
 
 A suite that runs past ``--timeout`` seconds is stopped and recorded as timed out, with its elapsed time.
+``DEFAULT_PRESET`` (what ``train`` and ``create_model()`` build by default) is left as it is.
 """
 from __future__ import annotations
 
@@ -72,10 +73,11 @@ def _summary(cases: list[dict], slowest: int) -> dict:
             "slowest": [{"id": c["id"], "seconds": c["seconds"]} for c in ranked]}
 
 
-def rehearse(candidate: Path, timeout: float, slowest: int) -> dict:
+def rehearse(candidate: Path, commit: str, timeout: float, slowest: int) -> dict:
+    """Run the suite on ``commit`` (checked out in a scratch worktree) with ``candidate`` as the default."""
     scratch = Path(tempfile.mkdtemp(prefix="ship_rehearsal_"))
     tree, junit = scratch / "tree", scratch / "junit.xml"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True,
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
                    capture_output=True)
     try:
         _switch_default(tree, candidate)
@@ -107,12 +109,13 @@ def main(argv=None) -> None:
     if not args.candidate.is_file():
         raise SystemExit(f"--candidate {str(args.candidate)!r} is not a file")
     sha = hashlib.sha256(args.candidate.read_bytes()).hexdigest()
-    result = rehearse(args.candidate.resolve(), args.timeout, args.slowest)
+    # resolved before the run: HEAD may move while the suite runs (the first rehearsal recorded a later commit)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True, capture_output=True,
+                            check=True).stdout.strip()
+    result = rehearse(args.candidate.resolve(), commit, args.timeout, args.slowest)
     command = "python benchmarks/ship_rehearsal.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     path = write_result(args.name, {"command": command, "candidate": str(args.candidate), "candidate_sha256": sha,
-                                    "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
-                                                             capture_output=True).stdout.strip(),
-                                    "load": args.load, **result})
+                                    "commit": commit, "load": args.load, **result})
     print(f"{result.get('counts')} in {result['seconds']:.0f} s -> {path}")
 
 
