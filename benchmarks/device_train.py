@@ -232,15 +232,16 @@ def fit_iterations(flags: list[str], data: Path, minutes: float, *, pilot: int =
                iters=max(1, int(60 * minutes / spi)))
 
 
-def run_training(flags: list[str], data: Path, out: Path, *, fit_minutes: float = 0.0) -> Path:
+def run_training(flags: list[str], data: Path, out: Path, *, fit_minutes: float = 0.0, pilot: int = PILOT) -> Path:
     """``mar-probe train FLAGS --data DATA``; then the export in parts and the loss history/curve into ``out``.
-    With ``fit_minutes``, ``--iters`` is first sized by :func:`fit_iterations` (recorded in ``out/fit.json``)."""
+    With ``fit_minutes``, ``--iters`` is first sized by :func:`fit_iterations` (a ``pilot``-iteration run, recorded
+    in ``out/fit.json``)."""
     from mar_probe.cli import train_main
     export = _flag(flags, "--export")
     run_dir = Path(_flag(flags, "--out"))
     out.mkdir(parents=True, exist_ok=True)
     if fit_minutes:
-        fit = fit_iterations(flags, data, fit_minutes)
+        fit = fit_iterations(flags, data, fit_minutes, pilot=pilot)
         (out / "fit.json").write_text(json.dumps(asdict(fit), indent=1))
         print(f"pilot: {fit.seconds_per_iteration:.4f} s per iteration; --iters {fit.iters} fits {fit_minutes:g} min")
         flags = _set_flag(flags, "--iters", str(fit.iters))

@@ -155,9 +155,10 @@ def test_a_fitted_phase_sizes_its_iterations_from_a_pilot_and_records_it(tmp_pat
     assert fit.pilot_iterations == 4 and 0 < fit.seconds_per_iteration < 30
     assert fit.iters == max(1, int(3 / fit.seconds_per_iteration))
     assert (tmp_path / "fit_pilot" / "checkpoint-last.pth").is_file() and not (tmp_path / "run").exists()
-    DT.run_training(DT._set_flag(flags, "--max-minutes", "0.02"), data, out, fit_minutes=0.01)
+    # pilot=4: the default 64-iteration pilot took 355 s of the suite under load (ship_rehearsal_b128_p26.json)
+    DT.run_training(DT._set_flag(flags, "--max-minutes", "0.02"), data, out, fit_minutes=0.01, pilot=4)
     recorded = DT.json.loads((out / "fit.json").read_text())
-    assert recorded["minutes"] == 0.01 and recorded["iters"] >= 1
+    assert recorded["minutes"] == 0.01 and recorded["iters"] >= 1 and recorded["pilot_iterations"] == 4
     history = DT.json.loads((out / "loss_history.json").read_text())
     assert history and history[-1][0] + 1 <= recorded["iters"]
     with pytest.raises(DT.StageError, match=r"--fit-minutes must be a finite number > 0.*got -1.0 and 64"):
