@@ -16,7 +16,6 @@ A suite that runs past ``--timeout`` seconds is stopped and recorded as timed ou
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import shlex
@@ -30,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
+
+from mar_probe.probe.record import file_sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_DEFAULT = "data/fashion_small.pth"
@@ -108,7 +109,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if not args.candidate.is_file():
         raise SystemExit(f"--candidate {str(args.candidate)!r} is not a file")
-    sha = hashlib.sha256(args.candidate.read_bytes()).hexdigest()
+    sha = file_sha256(args.candidate)
     # resolved before the run: HEAD may move while the suite runs (the first rehearsal recorded a later commit)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True, capture_output=True,
                             check=True).stdout.strip()

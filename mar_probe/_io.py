@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import pickle
 import re
@@ -21,6 +22,15 @@ from pathlib import Path
 import torch
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def file_sha256(path) -> str:
+    """SHA-256 of a file, streamed (a store's checkpoint, an averaged export's sources)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def load_weights(path: str | Path, *, what: str, error: type[Exception], allowed: tuple = ()) -> object:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -22,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ._config import checked_fields
-from ._io import atomic_path
+from ._io import atomic_path, file_sha256
 from .models import DEFAULT_PRESET, MAR, preset_config
 from .models.blocks import ATTENTION_KERNELS, set_attention_kernel
 from .models.checkpoints import read_checkpoint, read_history, write_history
@@ -322,7 +321,7 @@ def average_exports(paths, out: str | Path) -> Path:
     _check_one_model(paths, states)
     average = {k: (sum(s["model_ema"][k].double() for s in states) / len(states)).to(v.dtype)
                for k, v in states[0]["model_ema"].items()}
-    sources = [{"path": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in paths]
+    sources = [{"path": str(p), "sha256": file_sha256(p)} for p in paths]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_history(out, read_history(paths[-1], states[-1]))  # first: an export never stands without its history

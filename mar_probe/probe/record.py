@@ -27,7 +27,7 @@ from ..api import check_labels, decode_images
 from ..engine.sampling import SamplingConfig, head_steps_applied, sampling_config
 from ..engine.loop import SampleRNG, Sampler
 from ..store.reader import read_attrs
-from .._io import describe_os_error
+from .._io import describe_os_error, file_sha256
 from ..store.schema import SCHEMA_VERSION, RunLayout, resolve
 from ..launch import Ranks, check_shard, gather, on_rank0
 from ..store.location import StoreLocation
@@ -72,15 +72,6 @@ def parse_shard(shard) -> tuple[int, int] | None:
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"shard index must satisfy 0 <= I < N, got I={i!r}, N={n!r}")
     return int(i), int(n)
-
-
-def file_sha256(path) -> str:
-    """SHA-256 of a file, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def weights_sha256(model) -> str:
