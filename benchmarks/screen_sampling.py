@@ -12,8 +12,11 @@ writes ``benchmarks/results/sampling_screen.json`` (``--name`` for another file)
 SHA-256 and the machine, rewritten after every setting, so a stopped screen keeps the settings it finished; a rerun
 with the same weights and protocol reuses the file's rows and samples only the settings it lacks. Each setting it
 samples also leaves its sample grid beside the file, ``NAME_T<temperature>_cfg<scale>.png`` (one row per class, the
-first ``--grid-per-class`` images of each; issue 14 asks for the grid beside the scores), named in the row. The
-screen of the embedded default v2 (issue 14) at 200 images:
+first ``--grid-per-class`` images of each; issue 14 asks for the grid beside the scores), named in the row.
+``--shards N`` samples in N processes side by side (one core each at ``--threads 1``): shard k takes every N-th
+label from k with seed ``seed + 1000 k`` (:func:`shard_seeds`; shard 0 keeps the seed) and the union is scored, so a
+1,000-image score at the papers' 64 steps (about 3x the time of 16) fits a session on two cores; the protocol then
+records ``shards``. The screen of the embedded default v2 (issue 14) at 200 images:
 
     python benchmarks/screen_sampling.py --checkpoint data/training/fashion_b128.pth --per-class 20 --threads 1 \
         --settings 0.6:3.0,0.8:3.0,0.6:2.0,0.4:3.0,0.3:3.0,0.2:3.0 --name sampling_screen_b128
@@ -44,18 +47,61 @@ def parse_settings(text: str) -> tuple[tuple[float, float], ...]:
                                          f"'1.0:3.0,0.6:2.0'), got {text!r}") from None
 
 
+def shard_seeds(seed: int, shards: int) -> list[int]:
+    """The seed of each shard: shard 0 keeps ``seed`` (one shard is the unsharded screen), shard k takes
+    ``seed + 1000 * k`` so that no two shards, nor two screens' seeds 1, 2, ..., share their draws."""
+    if shards < 1:
+        raise ValueError(f"shards must be at least 1, got {shards!r}")
+    return [seed + 1000 * k for k in range(shards)]
+
+
+def shard_labels(labels, shards: int) -> list:
+    """Every ``shards``-th label from k: class-balanced shards when the labels repeat each class (np.repeat)."""
+    return [labels[k::shards] for k in range(shards)]
+
+
+def _sample_shard(checkpoint: str, labels, seed: int, temperature: float, cfg: float, args, progress: bool) -> tuple:
+    """One shard in its own process (one torch thread each): images, labels and the sampling settings; shard 0
+    shows its progress bar (the shards keep pace), the others stay quiet so the bars do not interleave."""
+    import torch
+
+    from mar_probe import load_model, sample
+    torch.set_num_threads(args.threads)
+    res = sample(load_model(checkpoint), labels, num_iter=args.steps, cfg=cfg, cfg_schedule="linear",
+                 temperature=temperature, head_steps=args.head_steps, seed=seed, batch_size=args.batch_size,
+                 progress=progress)
+    return res.images, res.labels, res.settings
+
+
+def _sample(model, labels, temperature: float, cfg: float, args) -> tuple:
+    """The screen's images: in this process (one shard), else ``--shards`` processes side by side, concatenated."""
+    import numpy as np
+    seeds = shard_seeds(args.seed, args.shards)
+    if args.shards == 1:
+        from mar_probe import sample
+        res = sample(model, labels, num_iter=args.steps, cfg=cfg, cfg_schedule="linear", temperature=temperature,
+                     head_steps=args.head_steps, seed=args.seed, batch_size=args.batch_size, progress=True)
+        return res.images, res.labels, res.settings
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(args.shards, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(_sample_shard, [args.checkpoint] * args.shards, shard_labels(labels, args.shards),
+                              seeds, [temperature] * args.shards, [cfg] * args.shards, [args] * args.shards,
+                              [k == 0 for k in range(args.shards)]))
+    settings = dict(parts[0][2], seed=seeds)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), settings
+
+
 def screen_one(model, labels, temperature: float, cfg: float, args) -> dict:
     """Sample ``labels`` at one (temperature, cfg) and score the images with the project's classifier."""
-    from mar_probe import sample
     from mar_probe.quality import quality_report
     t0 = time.time()
-    res = sample(model, labels, num_iter=args.steps, cfg=cfg, cfg_schedule="linear", temperature=temperature,
-                 head_steps=args.head_steps, seed=args.seed, batch_size=args.batch_size, progress=True)
+    images, labels, settings = _sample(model, labels, temperature, cfg, args)
     seconds = time.time() - t0
-    report = quality_report({"images": res.images, "labels": res.labels})
-    grid = _save_grid(res.images, res.labels, args.grid_per_class,
+    report = quality_report({"images": images, "labels": labels})
+    grid = _save_grid(images, labels, args.grid_per_class,
                       result_path(args.name).with_name(f"{args.name}_T{temperature:g}_cfg{cfg:g}.png"))
-    return dict(temperature=temperature, cfg=cfg, sample_seconds=seconds, settings=res.settings, grid=grid.name,
+    return dict(temperature=temperature, cfg=cfg, sample_seconds=seconds, settings=settings, grid=grid.name,
                 **_scores(report))
 
 
@@ -92,6 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("--grid-per-class", type=int, default=10, help="images of each class in the sample grid")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shards", type=int, default=1,
+                   help="processes side by side, each sampling every N-th image with its own seed (shard_seeds)")
     p.add_argument("--name", default=NAME, help="result file: benchmarks/results/NAME.json")
     args = p.parse_args(argv)
     import numpy as np
@@ -111,6 +159,8 @@ def main(argv=None) -> int:
                 protocol=dict(per_class=args.per_class, num_images=len(labels), steps=args.steps,
                               head_steps=SamplingConfig(head_steps=args.head_steps).resolve(model).head_steps,
                               cfg_schedule="linear", seed=args.seed))
+    if args.shards != 1:  # only then, so that the protocol of every unsharded screen stays as it was
+        head["protocol"]["shards"] = len(shard_seeds(args.seed, args.shards))
     rows = _earlier_rows(result_path(args.name), head)
     path = write_result(args.name, dict(head, rows=rows))  # this call's head over the rows it reuses
     for t, c in args.settings:

@@ -61,6 +61,35 @@ def test_the_screens_grid_takes_the_first_images_of_each_class_class_by_class():
     assert SS.grid_order(labels, 5) == [0, 2, 5, 1, 4, 3, 6, 7]  # a class with fewer images keeps what it has
 
 
+def test_shards_keep_the_plain_seed_first_take_disjoint_seeds_and_class_balanced_labels():
+    assert SS.shard_seeds(1, 1) == [1]  # one shard is the unsharded screen
+    assert SS.shard_seeds(1, 3) == [1, 1001, 2001]
+    with pytest.raises(ValueError, match="shards must be at least 1, got 0"):
+        SS.shard_seeds(1, 0)
+    labels = np.repeat(np.arange(3), 4)
+    parts = SS.shard_labels(labels, 2)
+    assert [np.bincount(p).tolist() for p in parts] == [[2, 2, 2], [2, 2, 2]]
+    assert sorted(np.concatenate(parts).tolist()) == sorted(labels.tolist())
+
+
+def test_a_sharded_screen_is_each_shards_own_sample_call_concatenated(tmp_path):
+    import torch
+
+    from mar_probe import create_model, sample
+    model = create_model("mar_tiny").eval()
+    path = tmp_path / "tiny.pth"
+    torch.save({"model_ema": model.state_dict()}, path)
+    labels = np.repeat(np.arange(2), 2)
+    args = argparse.Namespace(checkpoint=str(path), shards=2, seed=5, steps=2, head_steps=None, batch_size=None,
+                              threads=1)
+    images, got_labels, settings = SS._sample(model, labels, 0.8, 2.0, args)
+    want = [sample(model, part, num_iter=2, cfg=2.0, cfg_schedule="linear", temperature=0.8, seed=seed)
+            for part, seed in zip(SS.shard_labels(labels, 2), (5, 1005))]
+    np.testing.assert_array_equal(images, np.concatenate([w.images for w in want]))
+    np.testing.assert_array_equal(got_labels, [0, 1, 0, 1])
+    assert settings["seed"] == [5, 1005]
+
+
 def test_screen_settings_parse_and_a_malformed_one_is_refused_with_the_form():
     assert SS.parse_settings("1.0:3.0,0.6:2.0") == ((1.0, 3.0), (0.6, 2.0))
     with pytest.raises(argparse.ArgumentTypeError, match=r"TEMPERATURE:CFG.*got '0.6-2.0'"):
