@@ -15,8 +15,9 @@ samples also leaves its sample grid beside the file, ``NAME_T<temperature>_cfg<s
 first ``--grid-per-class`` images of each; issue 14 asks for the grid beside the scores), named in the row.
 ``--shards N`` samples in N processes side by side (one core each at ``--threads 1``): shard k takes every N-th
 label from k with seed ``seed + 1000 k`` (:func:`shard_seeds`; shard 0 keeps the seed) and the union is scored, so a
-1,000-image score at the papers' 64 steps (about 3x the time of 16) fits a session on two cores; the protocol then
-records ``shards``. The screen of the embedded default v2 (issue 14) at 200 images:
+1,000-image score at the papers' 64 steps (three times the time of 16:
+``benchmarks/results/sampling_steps{64,16}_b128_p27_1000_t08cfg5.json``) fits a session on two cores; the protocol
+then records ``shards``. The screen of the embedded default v2 (issue 14) at 200 images:
 
     python benchmarks/screen_sampling.py --checkpoint data/training/fashion_b128.pth --per-class 20 --threads 1 \
         --settings 0.6:3.0,0.8:3.0,0.6:2.0,0.4:3.0,0.3:3.0,0.2:3.0 --name sampling_screen_b128
@@ -60,34 +61,46 @@ def shard_labels(labels, shards: int) -> list:
     return [labels[k::shards] for k in range(shards)]
 
 
+def positive_int(text: str) -> int:
+    """``--shards``: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of at least 1, got {text!r}")
+    return value
+
+
+def _draw(model, labels, seed: int, temperature: float, cfg: float, args, progress: bool) -> tuple:
+    """One ``sample`` call of the screen's protocol: images, labels and the sampling settings."""
+    from mar_probe import sample
+    res = sample(model, labels, num_iter=args.steps, cfg=cfg, cfg_schedule="linear", temperature=temperature,
+                 head_steps=args.head_steps, seed=seed, batch_size=args.batch_size, progress=progress)
+    return res.images, res.labels, res.settings
+
+
 def _sample_shard(checkpoint: str, labels, seed: int, temperature: float, cfg: float, args, progress: bool) -> tuple:
-    """One shard in its own process (one torch thread each): images, labels and the sampling settings; shard 0
-    shows its progress bar (the shards keep pace), the others stay quiet so the bars do not interleave."""
+    """One shard in its own process (``--threads`` torch threads); shard 0 shows its progress bar (the shards keep
+    pace), the others stay quiet so the bars do not interleave."""
     import torch
 
-    from mar_probe import load_model, sample
+    from mar_probe import load_model
     torch.set_num_threads(args.threads)
-    res = sample(load_model(checkpoint), labels, num_iter=args.steps, cfg=cfg, cfg_schedule="linear",
-                 temperature=temperature, head_steps=args.head_steps, seed=seed, batch_size=args.batch_size,
-                 progress=progress)
-    return res.images, res.labels, res.settings
+    return _draw(load_model(checkpoint), labels, seed, temperature, cfg, args, progress)
 
 
 def _sample(model, labels, temperature: float, cfg: float, args) -> tuple:
     """The screen's images: in this process (one shard), else ``--shards`` processes side by side, concatenated."""
     import numpy as np
-    seeds = shard_seeds(args.seed, args.shards)
     if args.shards == 1:
-        from mar_probe import sample
-        res = sample(model, labels, num_iter=args.steps, cfg=cfg, cfg_schedule="linear", temperature=temperature,
-                     head_steps=args.head_steps, seed=args.seed, batch_size=args.batch_size, progress=True)
-        return res.images, res.labels, res.settings
+        return _draw(model, labels, args.seed, temperature, cfg, args, progress=True)
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(args.shards, mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = list(pool.map(_sample_shard, [args.checkpoint] * args.shards, shard_labels(labels, args.shards),
-                              seeds, [temperature] * args.shards, [cfg] * args.shards, [args] * args.shards,
-                              [k == 0 for k in range(args.shards)]))
+    n, seeds = args.shards, shard_seeds(args.seed, args.shards)
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(_sample_shard, [args.checkpoint] * n, shard_labels(labels, n), seeds,
+                              [temperature] * n, [cfg] * n, [args] * n, [k == 0 for k in range(n)]))
     settings = dict(parts[0][2], seed=seeds)
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), settings
 
@@ -138,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--grid-per-class", type=int, default=10, help="images of each class in the sample grid")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--shards", type=int, default=1,
+    p.add_argument("--shards", type=positive_int, default=1,
                    help="processes side by side, each sampling every N-th image with its own seed (shard_seeds)")
     p.add_argument("--name", default=NAME, help="result file: benchmarks/results/NAME.json")
     args = p.parse_args(argv)
@@ -160,7 +173,7 @@ def main(argv=None) -> int:
                               head_steps=SamplingConfig(head_steps=args.head_steps).resolve(model).head_steps,
                               cfg_schedule="linear", seed=args.seed))
     if args.shards != 1:  # only then, so that the protocol of every unsharded screen stays as it was
-        head["protocol"]["shards"] = len(shard_seeds(args.seed, args.shards))
+        head["protocol"]["shards"] = args.shards
     rows = _earlier_rows(result_path(args.name), head)
     path = write_result(args.name, dict(head, rows=rows))  # this call's head over the rows it reuses
     for t, c in args.settings:

@@ -66,6 +66,10 @@ def test_shards_keep_the_plain_seed_first_take_disjoint_seeds_and_class_balanced
     assert SS.shard_seeds(1, 3) == [1, 1001, 2001]
     with pytest.raises(ValueError, match="shards must be at least 1, got 0"):
         SS.shard_seeds(1, 0)
+    assert SS.positive_int("2") == 2
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"at least 1, got '{bad}'"):
+            SS.positive_int(bad)
     labels = np.repeat(np.arange(3), 4)
     parts = SS.shard_labels(labels, 2)
     assert [np.bincount(p).tolist() for p in parts] == [[2, 2, 2], [2, 2, 2]]
