@@ -887,7 +887,7 @@ class ClassifierFiles:
     the floor table. Refuses statistics whose fingerprint is not the classifier's."""
 
     def __init__(self, classifier: str = "fashion_classifier.pt", stats: str = "fashion_test_stats.npz"):
-        from mar_probe.probe.record import file_sha256
+        from mar_probe._io import file_sha256
         from mar_probe.quality import load_classifier, load_reference_stats
         from mar_probe.quality.classifier import _read_payload
         self.rel, self.stats_rel = f"data/{classifier}", f"data/{stats}"

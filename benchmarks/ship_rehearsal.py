@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-from mar_probe.probe.record import file_sha256  # noqa: E402
+from mar_probe._io import file_sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_DEFAULT = "data/fashion_small.pth"
