@@ -37,6 +37,7 @@ import torch
 
 from common import write_result
 from mar_probe import create_model, load_model, sample
+from mar_probe.models import DEFAULT_PRESET
 from mar_probe.models.checkpoints import DEFAULT_CHECKPOINT, resolve_device
 from mar_probe.probe import ACTIVATIONS, Probe, SelectionSpec, record
 from mar_probe.probe.record import sample_seeds
@@ -231,8 +232,8 @@ def build(preset: str | None, args):
         steps = {"num_sampling_steps": args.num_sampling_steps} if args.num_sampling_steps else {}
         if DEFAULT_CHECKPOINT.is_file():
             return load_model(device=args.device, **steps)
-        print(f"note: {DEFAULT_CHECKPOINT} not found; timing the fashion_small architecture with random weights")
-        return create_model("fashion_small", **steps).to(args.device).eval()
+        print(f"note: {DEFAULT_CHECKPOINT} not found; timing its architecture, {DEFAULT_PRESET}, with random weights")
+        return create_model(DEFAULT_PRESET, **steps).to(args.device).eval()
     over = {"num_sampling_steps": args.base_sampling_steps} if args.base_sampling_steps else {}
     return create_model(preset, **over).to(args.device).eval()
 

@@ -11,7 +11,7 @@ the last), and the export, larger than 16 MiB, comes back in parts:
     # device call 1, carry [".stage/split.part-0", ".stage/split.manifest.json"]:
     python3 benchmarks/device_train.py stage
     # device call 2, at once, carry [".stage/split.part-1", ".stage/split.manifest.json"], timeout_s 600:
-    python3 benchmarks/device_train.py train -- --preset fashion_b128 --init data/training/fashion_b128.pth \\
+    python3 benchmarks/device_train.py train -- --preset fashion_b128 --init data/fashion_b128.pth \\
         --out runs/fb128_gpu --device cuda --max-minutes 6 ... --export runs/fb128_gpu/fashion_b128.pth
     # here, from the folder the tool put the returned files in (files_at):
     python benchmarks/device_train.py unpack FILES_AT runs/fb128_gpu/fashion_b128.pth

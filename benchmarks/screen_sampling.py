@@ -19,7 +19,7 @@ label from k with seed ``seed + 1000 k`` (:func:`shard_seeds`; shard 0 keeps the
 ``benchmarks/results/sampling_steps{64,16}_b128_p27_1000_t08cfg5.json``) fits a session on two cores; the protocol
 then records ``shards``. The screen of the embedded default v2 (issue 14) at 200 images:
 
-    python benchmarks/screen_sampling.py --checkpoint data/training/fashion_b128.pth --per-class 20 --threads 1 \
+    python benchmarks/screen_sampling.py --checkpoint data/fashion_b128.pth --per-class 20 --threads 1 \
         --settings 0.6:3.0,0.8:3.0,0.6:2.0,0.4:3.0,0.3:3.0,0.2:3.0 --name sampling_screen_b128
 """
 from __future__ import annotations
@@ -141,7 +141,7 @@ def _earlier_rows(path: Path, head: dict) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", default="data/fashion_small.pth")
+    p.add_argument("--checkpoint", default=None, help="the checkpoint to screen (default: the embedded default)")
     p.add_argument("--settings", type=parse_settings, default=SETTINGS, help="TEMPERATURE:CFG pairs, comma-separated")
     p.add_argument("--per-class", type=int, default=10)
     p.add_argument("--steps", type=int, default=16)
@@ -160,9 +160,11 @@ def main(argv=None) -> int:
 
     from mar_probe import load_model
     from mar_probe.engine import SamplingConfig
-    from mar_probe.models.checkpoints import read_checkpoint, read_history
+    from mar_probe.models.checkpoints import DEFAULT_CHECKPOINT, read_checkpoint, read_history
     from mar_probe.probe.record import weights_sha256
     torch.set_num_threads(args.threads)
+    if args.checkpoint is None:  # named as the repository names it, as a given path is
+        args.checkpoint = str(DEFAULT_CHECKPOINT.relative_to(Path(__file__).resolve().parents[1]))
     model = load_model(args.checkpoint)
     labels = np.repeat(np.arange(model.num_classes), args.per_class)
     command = "python benchmarks/screen_sampling.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -1,14 +1,15 @@
 """Rehearse shipping a new embedded default (issue 14): run the README's test suite as if the candidate had replaced it.
 
 Issue 14 asks that every command, test and notebook work unchanged on the new default and that the suite stay under
-20 minutes on 2 cores. Before the candidate meets its quality targets this says what shipping will have to change:
-the script checks the committed tree out into a scratch git worktree (the working copy is not touched), puts the
-candidate at ``data/<its file name>``, removes ``data/fashion_small.pth`` (issue 14: the old model leaves ``data/``)
-and points ``DEFAULT_CHECKPOINT`` at the candidate, then runs ``python -m pytest -q`` there with the worktree first
-on ``PYTHONPATH``. It records the suite's wall time, the counts, every failure with the first line of its message
-and the slowest tests in ``benchmarks/results/NAME.json``; the worktree is removed afterwards.
+20 minutes on 2 cores. Before a candidate ships this says what shipping will have to change: the script checks the
+committed tree out into a scratch git worktree (the working copy is not touched), puts the candidate at
+``data/<its file name>``, removes the file ``DEFAULT_CHECKPOINT`` names there (issue 14: the model a new default
+replaces leaves ``data/``) and points ``DEFAULT_CHECKPOINT`` at the candidate, then runs ``python -m pytest -q``
+there with the worktree first on ``PYTHONPATH``. It records the suite's wall time, the counts, every failure with
+the first line of its message and the slowest tests in ``benchmarks/results/NAME.json``; the worktree is removed
+afterwards.
 
-    python benchmarks/ship_rehearsal.py --candidate data/training/fashion_b128.pth --name ship_rehearsal_b128
+    python benchmarks/ship_rehearsal.py --candidate runs/fb128_p28/fashion_b128_p28.pth --name ship_rehearsal_b128_p28
 
 A suite that runs past ``--timeout`` seconds is stopped and recorded as timed out, with its elapsed time.
 ``DEFAULT_PRESET`` (what ``train`` and ``create_model()`` build by default) is left as it is.
@@ -33,21 +34,21 @@ from common import write_result  # noqa: E402
 from mar_probe._io import file_sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-OLD_DEFAULT = "data/fashion_small.pth"
 # the one line shipping edits: where the library's default checkpoint lives (mar_probe/models/checkpoints.py)
-DEFAULT_LINE = re.compile(r'^DEFAULT_CHECKPOINT = DATA_DIR / "[^"]+"$', re.MULTILINE)
+DEFAULT_LINE = re.compile(r'^DEFAULT_CHECKPOINT = DATA_DIR / "([^"]+)"$', re.MULTILINE)
 
 
 def _switch_default(tree: Path, candidate: Path) -> None:
-    """In the scratch ``tree``: the candidate in ``data/``, the old default out, the library pointed at it."""
-    shutil.copy2(candidate, tree / "data" / candidate.name)
-    (tree / OLD_DEFAULT).unlink()
+    """In the scratch ``tree``: the candidate in ``data/``, the default it replaces out, the library pointed at it."""
     source = tree / "mar_probe/models/checkpoints.py"
-    text, count = DEFAULT_LINE.subn(f'DEFAULT_CHECKPOINT = DATA_DIR / "{candidate.name}"', source.read_text())
-    if count != 1:
-        raise RuntimeError(f"expected one line matching {DEFAULT_LINE.pattern!r} in {str(source)!r}, found {count}; "
-                           "update this script to where the default checkpoint is set now")
-    source.write_text(text)
+    text = source.read_text()
+    found = DEFAULT_LINE.findall(text)
+    if len(found) != 1:
+        raise RuntimeError(f"expected one line matching {DEFAULT_LINE.pattern!r} in {str(source)!r}, found "
+                           f"{len(found)}; update this script to where the default checkpoint is set now")
+    (tree / "data" / found[0]).unlink()  # issue 14: the model a new default replaces leaves data/
+    shutil.copy2(candidate, tree / "data" / candidate.name)
+    source.write_text(DEFAULT_LINE.sub(f'DEFAULT_CHECKPOINT = DATA_DIR / "{candidate.name}"', text))
 
 
 def _cases(junit: Path, strip: str = "") -> list[dict]:

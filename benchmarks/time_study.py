@@ -11,7 +11,8 @@ is rendered from (``benchmarks/render_docs.py``).
 Before a model replaces the embedded default, ``--versus PATH`` times the study on both, alternating (default, PATH,
 default, PATH, ... for ``--rounds``), so the load of a shared machine falls on both alike, and writes the two
 records and the ratio of their median wall times to ``benchmarks/results/NAME.json`` (``--name``): issue 14 asks
-that the study still finish in about a minute on the new default, or be shrunk.
+that the study still finish in about a minute on the new default, or be shrunk. The two runs before issue 14's
+model shipped (it lay at ``data/training/fashion_b128.pth`` then, beside the default ``fashion_small.pth``):
 
     python benchmarks/time_study.py --versus data/training/fashion_b128.pth --rounds 2 --name study_time_b128
 

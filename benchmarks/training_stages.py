@@ -14,7 +14,7 @@ initialisation exactly as ``mar-probe train`` draws it (seed 0); ``git:REV:PATH`
 held it (every training phase commits its weights, so a stage outlives the machine that trained it):
 
     python benchmarks/training_stages.py --stage init=init:fashion_b128 \\
-        --stage phase1=git:9bcf235:data/training/fashion_b128.pth --stage latest=data/training/fashion_b128.pth
+        --stage phase1=git:9bcf235:data/training/fashion_b128.pth --stage latest=data/fashion_b128.pth
 
 ``--reuse benchmarks/results/training_stages.json`` takes every stage the committed file measured with the same
 weights and settings from it, so adding the next phase's column measures that stage only.

@@ -456,7 +456,7 @@ def _cmd_tune(args) -> int:
 
 def _add_train(p):
     # defaults of None throughout: TrainConfig holds the one default of each (its help names it)
-    p.add_argument("--preset", help="model preset to train (default: TrainConfig's, fashion_small)")
+    p.add_argument("--preset", help="model preset to train (default: TrainConfig's, the embedded default's preset)")
     p.add_argument("--data", dest="data_dir", help="folder with the Fashion-MNIST IDX files")
     p.add_argument("--dataset", choices=["fashion", "digits"], help="fashion (default) or scikit-learn's 8x8 digits")
     p.add_argument("--out", dest="out_dir", help="checkpoint folder (default: TrainConfig's, runs/train)")
@@ -470,7 +470,7 @@ def _add_train(p):
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the encoder and decoder")
     p.add_argument("--device", help="cpu (default), cuda or cuda:N; the random stream stays on the CPU")
     p.add_argument("--init", metavar="PATH",
-                   help="start from this checkpoint's (EMA) weights, e.g. data/fashion_small.pth")
+                   help="start from this checkpoint's (EMA) weights, e.g. data/fashion_b128.pth")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if a checkpoint exists")
     p.add_argument("--export", metavar="PATH", help="after training, write the EMA-only checkpoint here")
 

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -272,18 +272,22 @@ def export_ema(checkpoint: str | Path, out: str | Path) -> Path:
     """Write the EMA weights of a training checkpoint as a small file the loader accepts on its own.
 
     A run warm-started from an exported file (``--init``) is the next phase of that model: the export carries the
-    earlier phases' configs (``train_phases``) and their iteration counts (``phase_iterations``); their loss
+    earlier phases' configs (``train_phases``), their iteration counts (``phase_iterations``) and its recommended
+    ``sampling_defaults`` (the shipped default's next phase stays a drop-in replacement); their loss
     history, continued by this phase's (iterations and seconds cumulative), goes beside it
     (:func:`~mar_probe.models.checkpoints.write_history`; read it with ``read_history``), so the two files tell a
     model's whole training, session after session.
     """
     state = read_checkpoint(checkpoint)
-    phases, history, lengths = _earlier_phases(state["train_config"].get("init"))
+    earlier = _earlier_phases(state["train_config"].get("init"))
+    phases, history, lengths = earlier.phases, earlier.history, earlier.lengths
     it0, t0 = (history[-1][0] + 1, history[-1][2]) if history else (0, 0.0)
     history += [[it0 + it, loss, t0 + t] for it, loss, t in state["loss_history"]]
     slim = {"model_ema": state["model_ema"], "args": state["args"], "mar_probe_config": state["mar_probe_config"],
             "train_config": state["train_config"], "epoch": state["epoch"],
             "train_phases": phases + [state["train_config"]], "phase_iterations": lengths + [state["epoch"]]}
+    if earlier.sampling_defaults:
+        slim["sampling_defaults"] = earlier.sampling_defaults
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_history(out, history)  # first: an export never stands without its history
@@ -292,17 +296,26 @@ def export_ema(checkpoint: str | Path, out: str | Path) -> Path:
     return out
 
 
-def _earlier_phases(init: str | None) -> tuple[list, list, list]:
-    """(train configs, loss history, iterations per phase) of the file a warm start began from."""
+@dataclass(frozen=True, kw_only=True)
+class EarlierPhases:
+    """What a warm start's ``--init`` file holds of the model's training so far."""
+    phases: list = field(default_factory=list)   # each phase's TrainConfig as a dict
+    history: list = field(default_factory=list)  # [iteration, loss, cumulative seconds] rows
+    lengths: list = field(default_factory=list)  # iterations per phase
+    sampling_defaults: dict | None = None       # the file's recommended sampling settings, if any
+
+
+def _earlier_phases(init: str | None) -> EarlierPhases:
+    """The training of the file a warm start began from (empty if none, or not trained by mar_probe)."""
     if not init or not Path(init).is_file():
-        return [], [], []
+        return EarlierPhases()
     prev = read_checkpoint(init)
     if "train_config" not in prev:  # not trained by mar_probe (e.g. an official checkpoint)
-        return [], [], []
+        return EarlierPhases()
     history = read_history(init, prev)
-    phases = list(prev.get("train_phases") or [prev["train_config"]])
-    lengths = list(prev.get("phase_iterations") or [len(history)])
-    return phases, history, lengths
+    return EarlierPhases(phases=list(prev.get("train_phases") or [prev["train_config"]]), history=history,
+                         lengths=list(prev.get("phase_iterations") or [len(history)]),
+                         sampling_defaults=prev.get("sampling_defaults"))
 
 
 def average_exports(paths, out: str | Path) -> Path:

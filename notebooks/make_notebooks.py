@@ -51,7 +51,7 @@ def setup(num_iter: int = 32, num_samples: int = 4):
 
 def record_cell(name: str, variables: str, branches: str = "None", cfg: float = 3.0):
     return code(f'''
-        model = mar_probe.load_model(num_sampling_steps=HEAD_STEPS)  # the embedded default: data/fashion_small.pth
+        model = mar_probe.load_model(num_sampling_steps=HEAD_STEPS)  # the embedded default: data/fashion_b128.pth
         labels = np.arange(NUM_SAMPLES) % 10              # one garment class per sample
         store = RUNS / "{name}.zarr"
         spec = mar_probe.SelectionSpec(variables="{variables}", branches={branches})
@@ -68,7 +68,8 @@ NB01 = [
 
     Generate Fashion-MNIST garments with the embedded MAR, record a small run with the probe, open it as an
     `xarray.Dataset`, look at its dimensions and draw one figure. Nothing is downloaded: the model ships
-    with the package (`data/fashion_small.pth`, 5M parameters, 256 pixel tokens on a 16x16 grid).
+    with the package (`data/fashion_b128.pth`: MAR-B's 12 + 12 blocks at width 128, 256 pixel tokens on a 16x16
+    grid, a buffer of 64).
 
     Set `MAR_PROBE_FAST=1` before starting Jupyter for a seconds-long run (what the test suite does)."""),
     setup(num_iter=32, num_samples=4),
@@ -171,14 +172,9 @@ NB02 = [
     share["mean"].to_pandas().round(3).rename_axis(columns="share of tokens with cos > 0.95")"""),
     code("""
     per_step = summ["mean"].mean("sample").compute()          # [step, layer, category]
-    layers = per_step["layer"].values
-    fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 3), sharey=True, layout="constrained")
-    for ax, layer in zip(np.atleast_1d(axes), layers):
-        for cat in per_step["category"].values:
-            ax.plot(per_step["step"], per_step.sel(layer=layer, category=cat), marker=".", label=cat)
-        ax.set(title=f"decoder layer {layer}", xlabel="step s")
-    np.atleast_1d(axes)[0].set_ylabel("cos(K[s], K[s-1])")
-    np.atleast_1d(axes)[-1].legend(fontsize="small")"""),
+    # one panel per decoder layer, four to a row (the embedded default has twelve)
+    grid = per_step.plot.line(x="step", hue="category", col="layer", col_wrap=4, marker=".", size=2.2, aspect=1.3)
+    grid.set_ylabels("cos(K[s], K[s-1])")"""),
     md("""
     ## The papers' figures
 

@@ -165,7 +165,7 @@ def test_runs_that_do_not_share_their_draws_or_a_window_too_short_are_refused(tm
 
 def _scratch_tree(tmp_path, line):
     (tmp_path / "data").mkdir(parents=True)
-    (tmp_path / "data/fashion_small.pth").write_bytes(b"old")
+    (tmp_path / "data/fashion_b128.pth").write_bytes(b"old")
     (tmp_path / "mar_probe/models").mkdir(parents=True)
     (tmp_path / "mar_probe/models/checkpoints.py").write_text(f"DATA_DIR = 1\n{line}\nOTHER = 2\n")
     return tmp_path
@@ -174,17 +174,17 @@ def _scratch_tree(tmp_path, line):
 def test_the_rehearsal_puts_the_candidate_in_data_takes_the_old_default_out_and_points_the_library_at_it(tmp_path):
     real = (ROOT / "mar_probe/models/checkpoints.py").read_text()
     assert len(SR.DEFAULT_LINE.findall(real)) == 1  # the line the script edits is where the default lives today
-    tree = _scratch_tree(tmp_path / "tree", 'DEFAULT_CHECKPOINT = DATA_DIR / "fashion_small.pth"')
-    candidate = tmp_path / "fashion_b128.pth"
+    tree = _scratch_tree(tmp_path / "tree", 'DEFAULT_CHECKPOINT = DATA_DIR / "fashion_b128.pth"')
+    candidate = tmp_path / "fashion_b192.pth"
     candidate.write_bytes(b"new")
     SR._switch_default(tree, candidate)
-    assert (tree / "data/fashion_b128.pth").read_bytes() == b"new" and not (tree / "data/fashion_small.pth").exists()
+    assert (tree / "data/fashion_b192.pth").read_bytes() == b"new" and not (tree / "data/fashion_b128.pth").exists()
     assert (tree / "mar_probe/models/checkpoints.py").read_text() == (
-        'DATA_DIR = 1\nDEFAULT_CHECKPOINT = DATA_DIR / "fashion_b128.pth"\nOTHER = 2\n')
+        'DATA_DIR = 1\nDEFAULT_CHECKPOINT = DATA_DIR / "fashion_b192.pth"\nOTHER = 2\n')
 
 
 def test_the_rehearsal_refuses_a_tree_whose_default_is_set_elsewhere(tmp_path):
-    tree = _scratch_tree(tmp_path / "tree", 'DEFAULT_CHECKPOINT = Path("data/fashion_small.pth")')
+    tree = _scratch_tree(tmp_path / "tree", 'DEFAULT_CHECKPOINT = Path("data/fashion_b128.pth")')
     (tmp_path / "c.pth").write_bytes(b"new")
     with pytest.raises(RuntimeError, match="found 0"):
         SR._switch_default(tree, tmp_path / "c.pth")

@@ -132,10 +132,10 @@ def test_record_on_the_embedded_default_opens_with_xarray(tmp_path, capsys):
                  "--dtype", "float32"]) == 0, capsys.readouterr().err
     for ds in (xr.open_zarr(str(out)), open_run(out)):
         assert ds["dec_k"].dims == ds["enc_v"].dims == DIMS
-        assert ds["dec_k"].shape == (1, 3, 2, 1, 16 + 256, 6, 32)
+        assert ds["dec_k"].shape == (1, 3, 2, 1, 64 + 256, 2, 64)  # 2 branches: the file recommends CFG 5
         assert ds["attn_gen"].dims == ("sample", "step", "branch", "layer", "token")
     ds = open_run(out)
-    assert ds.attrs["model_preset"] == "fashion_small" and ds.attrs["incomplete"] == []
+    assert ds.attrs["model_preset"] == "fashion_b128" and ds.attrs["incomplete"] == []
     assert ds.attrs["checkpoint_sha256"] == file_sha256(DEFAULT_CHECKPOINT)
     model = mar_probe.load_model(num_sampling_steps="5")
     _assert_dec_k_is_a_plain_forward(model, ds, np.array([3]), sample=0, step=2, layer=1)
@@ -317,11 +317,13 @@ def test_auto_steps_per_chunk_keeps_chunks_within_the_target():
     small = resolve(SelectionSpec(variables="dec_k", layers=(1,)), m, num_samples=2, num_iter=64, cfg=2.0)
     step = 2 * 1 * (4 + 64) * 2 * 16 * 2                                 # float16 [branch, layer, N, H, Dh]
     assert small.steps_per_chunk == 64 and small.variables["dec_k"].chunks[:2] == (1, 64)   # 64 x 17 KiB < 4 MiB
-    dims = ModelDims.from_model(mar_probe.create_model("fashion_small"))  # the embedded default's shapes
+    dims = ModelDims.from_model(mar_probe.create_model())  # the embedded default's shapes (fashion_b128)
     full = resolve(SelectionSpec(variables=ACTIVATIONS), dims, num_samples=2, num_iter=64, cfg=3.0)
     light = resolve(SelectionSpec(variables="dec_k,dec_v,z_cfg_resid,attn_gen", layers=(1, 2)), dims, num_samples=2,
                     num_iter=64, cfg=3.0)
-    assert (full.steps_per_chunk, light.steps_per_chunk) == (4, 8)      # dec_k per step: 0.80 MiB and 0.40 MiB
+    # the largest per-step variable: 1.875 MiB of all of them (a float16 [2, 12, 320, 128] hidden state) and 0.3125
+    # MiB of the light selection ([2, 2, 320, 2, 64] dec_k): 2 and 8 steps stay within 4 MiB, 4 and 16 would not
+    assert (full.steps_per_chunk, light.steps_per_chunk) == (2, 8)
     for lay in (full, light):
         assert max(v.step_nbytes for v in lay.variables.values() if v.per_step) * lay.steps_per_chunk \
             <= CHUNK_TARGET_BYTES

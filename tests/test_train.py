@@ -152,6 +152,7 @@ def test_export_of_a_warm_start_carries_the_earlier_phases(tmp_path):
     second = torch.load(second_path, weights_only=False)
     assert second["phase_iterations"] == [3, 2] and len(second["train_phases"]) == 2
     assert second["train_phases"][1]["init"] == str(first) and second["train_phases"][0]["init"] is None
+    assert "sampling_defaults" not in second  # the first phase's export recommended none
     assert "loss_history" not in second and history_file(second_path) == tmp_path / "p2.history.pth"
     packed = torch.load(tmp_path / "p2.history.pth", weights_only=True)
     assert packed["loss"].dtype == packed["step_seconds"].dtype == torch.float32
@@ -169,6 +170,18 @@ def test_export_of_a_warm_start_carries_the_earlier_phases(tmp_path):
     (tmp_path / "p2.history.pth").unlink()
     with pytest.raises(CheckpointError, match=r"beside it, but '.*p2.history.pth' was not found"):
         read_history(second_path, second)
+
+
+def test_the_next_phase_of_a_shipped_file_keeps_its_recommended_sampling_settings(tmp_path):
+    """A phase warm-started from the embedded default (which recommends its sampling settings) exports a drop-in
+    replacement: the same ``sampling_defaults``, read back by the loader."""
+    import dataclasses
+    from mar_probe.models.checkpoints import load_model, write_sampling_defaults
+    first = export_ema(train(_cfg(tmp_path / "p1", 2)), tmp_path / "p1.pth")
+    write_sampling_defaults(first, num_iter=8, cfg=5.0, temperature=0.8)
+    second = export_ema(train(dataclasses.replace(_cfg(tmp_path / "p2", 1), init=str(first), seed=1)),
+                        tmp_path / "p2.pth")
+    assert load_model(second).sampling_defaults == {"num_iter": 8, "cfg": 5.0, "temperature": 0.8}
 
 
 def test_a_warm_start_from_an_export_with_its_history_inside_carries_it_beside(tmp_path):

@@ -20,7 +20,7 @@ QUANTITIES = 11
 @pytest.fixture(scope="module")
 def stages(tmp_path_factory):
     out, results = tmp_path_factory.mktemp("stages"), tmp_path_factory.mktemp("stage_results")
-    argv = ["--stage", "init=init:mar_tiny", "--stage", "shipped=git:HEAD:data/fashion_small.pth", *SMALL,
+    argv = ["--stage", "init=init:mar_tiny", "--stage", "shipped=git:HEAD:data/fashion_b128.pth", *SMALL,
             "--out", str(out), "--results", str(results)]
     assert TS.main(argv) == 0
     return argv, out, results
@@ -34,8 +34,8 @@ def test_every_quantity_for_every_stage_and_the_committed_weights(stages):
     assert frame.groupby("stage").size().to_dict() == {"init": QUANTITIES, "shipped": QUANTITIES}
     assert (frame["lo"] <= frame["mean"]).all() and (frame["mean"] <= frame["hi"]).all()
     data = json.loads((results / "training_stages.json").read_text())
-    assert data["stages"]["shipped"]["source"] == "git:HEAD:data/fashion_small.pth"
-    assert data["stages"]["shipped"]["weights_sha256"] == weights_sha256(load_model(ROOT / "data/fashion_small.pth"))
+    assert data["stages"]["shipped"]["source"] == "git:HEAD:data/fashion_b128.pth"
+    assert data["stages"]["shipped"]["weights_sha256"] == weights_sha256(load_model(ROOT / "data/fashion_b128.pth"))
     init = frame[frame["stage"] == "init"].set_index("quantity")["mean"]
     assert init["marche PSNR vs full (dB)"] == 100.0          # zero head at init: every strategy's image is full's
     assert (results / "training_stages.png").stat().st_size > 10_000

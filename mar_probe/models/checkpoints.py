@@ -17,7 +17,7 @@ from .mar import MAR
 from .presets import DEFAULT_PRESET, PRESETS, preset_config
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
-DEFAULT_CHECKPOINT = DATA_DIR / "fashion_small.pth"
+DEFAULT_CHECKPOINT = DATA_DIR / "fashion_b128.pth"
 
 
 class CheckpointError(ValueError):

@@ -49,8 +49,8 @@ def plot_checkpoint_loss(checkpoint, path=None, ax=None, window: int = 50):
     """:func:`plot_loss_curve` of a trained checkpoint: its loss history (beside an export, or inside a run
     checkpoint: :func:`~mar_probe.models.checkpoints.read_history`) with a dotted line where each phase began.
 
-    The model card's figure: ``plot_checkpoint_loss("data/training/fashion_b128.pth",
-    "data/training/fashion_b128_loss.png")``."""
+    The model card's figure: ``plot_checkpoint_loss("data/fashion_b128.pth",
+    "data/fashion_b128_loss.png")``."""
     from ..models.checkpoints import read_checkpoint, read_history
     state = read_checkpoint(checkpoint)
     return plot_loss_curve(read_history(checkpoint, state), path, ax=ax, window=window,
