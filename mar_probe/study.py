@@ -48,8 +48,8 @@ class StudyConfig:
     overwrite : replace existing stores instead of reusing complete ones.
     """
     out: str = "runs/study"
-    # 1 since issue 14's MAR-B-shaped default: at 2 the study took 79 s on 2 cores, at 1 43 s
-    # (benchmarks/results/study_time_b128*.json); "shrink the study, not the model"
+    # 1 since issue 14's MAR-B-shaped default: at 2 per seed its study took well over a minute on 2 cores, at 1 less
+    # than one (benchmarks/results/study_time_b128*.json); the issue says "shrink the study, not the model"
     samples_per_seed: int = 1
     seeds: tuple[int, ...] = (0, 1)
     num_iter: int = 64

@@ -183,6 +183,16 @@ def test_the_rehearsal_puts_the_candidate_in_data_takes_the_old_default_out_and_
         'DATA_DIR = 1\nDEFAULT_CHECKPOINT = DATA_DIR / "fashion_b192.pth"\nOTHER = 2\n')
 
 
+def test_the_next_phase_of_the_default_model_replaces_its_file_and_leaves_the_library_line(tmp_path):
+    line = 'DEFAULT_CHECKPOINT = DATA_DIR / "fashion_b128.pth"'
+    tree = _scratch_tree(tmp_path / "tree", line)
+    (tmp_path / "p28").mkdir()
+    (tmp_path / "p28/fashion_b128.pth").write_bytes(b"phase 28")
+    SR._switch_default(tree, tmp_path / "p28/fashion_b128.pth")
+    assert (tree / "data/fashion_b128.pth").read_bytes() == b"phase 28"
+    assert (tree / "mar_probe/models/checkpoints.py").read_text() == f"DATA_DIR = 1\n{line}\nOTHER = 2\n"
+
+
 def test_the_rehearsal_refuses_a_tree_whose_default_is_set_elsewhere(tmp_path):
     tree = _scratch_tree(tmp_path / "tree", 'DEFAULT_CHECKPOINT = Path("data/fashion_b128.pth")')
     (tmp_path / "c.pth").write_bytes(b"new")
