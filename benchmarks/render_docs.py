@@ -110,6 +110,16 @@ def interval_text(stat: dict, spec: str, metric: str | None = None, *, bounds=No
     return f"{fmt(mean, spec)} [{fmt(lo, spec)}, {fmt(hi, spec)}]{CLIPPED if clipped else ''}"
 
 
+def apart(a, b) -> int:
+    """+1 when ``b``'s interval lies above ``a``'s, -1 below, 0 when they overlap (or one has none). Either may be a
+    number (an interval of no width: chance, a paper's figure), so one rule compares a quantity with another or with
+    a reference value; the training-stage verdicts and ``docs/findings.md``'s use it."""
+    a, b = ({"lo": x, "hi": x} if isinstance(x, (int, float)) else x for x in (a, b))
+    if None in (a.get("lo"), a.get("hi"), b.get("lo"), b.get("hi")):
+        return 0
+    return 1 if b["lo"] > a["hi"] else -1 if b["hi"] < a["lo"] else 0
+
+
 def interval_verdict(stat: dict, above: str, below: str, neither: str, *, what: str) -> str:
     """``above`` when the interval of a paired difference lies above 0, ``below`` when below, else ``neither``
     (this n does not tell them apart), so a sentence cannot claim more than its interval; ValueError naming
@@ -420,13 +430,6 @@ class StageResults:
         self.rows = {(r["stage"], r["quantity"]): r for r in self.data["rows"]}
         self.quantities = list(dict.fromkeys(r["quantity"] for r in self.data["rows"]))
 
-    @staticmethod
-    def _apart(a: dict, b: dict) -> int:
-        """+1 when ``b``'s interval lies above ``a``'s, -1 below, 0 when they overlap (or one has none)."""
-        if None in (a.get("lo"), a.get("hi"), b.get("lo"), b.get("hi")):
-            return 0
-        return 1 if b["lo"] > a["hi"] else -1 if b["hi"] < a["lo"] else 0
-
     def row(self, stage: str, quantity: str) -> dict:
         """The row of ``quantity`` at ``stage``: mean, lo, hi, n."""
         return self.rows[(stage, quantity)]
@@ -436,10 +439,10 @@ class StageResults:
 
     def _pairs(self, quantity: str) -> list[tuple[str, str, int]]:
         """``(earlier, later, sign)`` for every pair of trained stages, consecutive pairs first; ``sign`` is
-        :meth:`_apart` of the two intervals."""
+        :func:`apart` of the two intervals."""
         trained = self.stages[1:]
         pairs = [(a, b) for gap in range(1, len(trained)) for a, b in zip(trained, trained[gap:])]
-        return [(a, b, self._apart(self.rows[(a, quantity)], self.rows[(b, quantity)])) for a, b in pairs]
+        return [(a, b, apart(self.rows[(a, quantity)], self.rows[(b, quantity)])) for a, b in pairs]
 
     def kind(self, quantity: str) -> str:
         """``"moves"`` (two trained stages told apart), ``"trained"`` (initialisation and the last stage told
@@ -447,7 +450,7 @@ class StageResults:
         if any(sign for _, _, sign in self._pairs(quantity)):
             return "moves"
         init, last = (self.rows[(s, quantity)] for s in (self.stages[0], self.stages[-1]))
-        return "trained" if self._apart(init, last) else "architecture"
+        return "trained" if apart(init, last) else "architecture"
 
     def verdict(self, quantity: str) -> str:
         """How ``quantity`` behaves across the stages, in words a table cell can hold."""
@@ -469,8 +472,8 @@ class StageResults:
     def stage_signs(self, quantity: str, than) -> list[int]:
         """Per trained stage: +1 when ``quantity``'s interval lies above ``than`` (another quantity's interval, or a
         number), -1 below, 0 when they overlap."""
-        others = self._trained(than) if isinstance(than, str) else [dict(lo=than, hi=than)] * (len(self.stages) - 1)
-        return [self._apart(o, q) for o, q in zip(others, self._trained(quantity))]
+        others = self._trained(than) if isinstance(than, str) else [than] * (len(self.stages) - 1)
+        return [apart(o, q) for o, q in zip(others, self._trained(quantity))]
 
     def sign(self, quantity: str, than) -> int:
         """+1 when ``quantity``'s interval lies above ``than`` at every trained stage, -1 below at every one, 0
@@ -967,7 +970,7 @@ def render(page: str) -> str:
                        classifier_files=ClassifierFiles, count_text=count_text,
                        screen_series=screen_series, screened_phases=screened_phases, screen_steps=screen_steps,
                        screen_settings=screen_settings, screen_seeds=screen_seeds, interval_text=interval_text,
-                       interval_verdict=interval_verdict)
+                       interval_verdict=interval_verdict, apart=apart)
     # for map(): cands | map(attribute=...) | map("fmt", ".3f")
     env.filters.update(fmt=fmt, preset=preset, count_text=count_text, sci=sci)
     if page not in PAGE_TEMPLATES:

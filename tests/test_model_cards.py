@@ -75,6 +75,15 @@ def test_duration_sci_and_target_misses():
     assert R.per_class_text(row) == "Bag 1.00, **Pullover 0.36**"
 
 
+def test_apart_compares_two_intervals_or_an_interval_with_a_number():
+    chance, attention = 0.205, {"mean": 0.156, "lo": 0.144, "hi": 0.168}
+    assert R.apart(chance, attention) == -1 and R.apart(attention, chance) == 1   # below chance, seen from either side
+    assert R.apart(chance, {"lo": 0.19, "hi": 0.22}) == 0                      # the interval holds the number
+    assert R.apart({"lo": 0.1, "hi": 0.2}, {"lo": 0.2, "hi": 0.3}) == 0        # touching ends are not apart
+    assert R.apart({"lo": 0.1, "hi": 0.2}, {"lo": 0.21, "hi": 0.3}) == 1
+    assert R.apart({"lo": None, "hi": None}, 0.5) == 0                         # no interval: nothing told apart
+
+
 def test_classifier_card_floor_text_and_counts():
     assert [R.Floor(1, m, s).text for m, s in [(25.268, 4.593), (4.9195, 1.0893), (0.37749, 0.04175)]] == [
         "25.27 ± 4.59", "4.920 ± 1.089", "0.377 ± 0.042"]
