@@ -42,6 +42,11 @@ Commands (the full-size run is hours on a CPU; the committed result ran in parts
     python benchmarks/bench_zoo.py --part fidelity --threads 2 --partial runs/zoo_partial
     # more speed rounds later: --resume keeps the speed file's rounds and measures up to --rounds
     python benchmarks/bench_zoo.py --part speed --threads 1 --resume
+    # the fidelity part over 2 processes (torchrun, one thread each): the seeds are spread over the ranks (seed k
+    # on rank k mod 2, every arm of a seed on one rank), the finished runs kept in the same --partial folder, and
+    # rank 0 writes the gathered result; a single process and torchrun resume each other's folder
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 benchmarks/bench_zoo.py --part fidelity --threads 1 \
+        --partial runs/zoo_b128_partial --resume
     # smoke run (the test's): perturbed mar_tiny for both parts, 2 images x seeds 0,1, 4 steps, 1 round (~6 s)
     OMP_NUM_THREADS=1 python benchmarks/bench_zoo.py --quick --threads 1 --out /tmp/zoo
 
@@ -79,6 +84,7 @@ import bench_strategies as BS
 from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, load_model, sample, strategies
 from mar_probe.engine import RNG_MODES
+from mar_probe.launch import Ranks, process_group
 from mar_probe.compare import CompareConfig, StrategyRun, _json_default, compare, parse_runs
 from mar_probe.models.checkpoints import create_perturbed_model, resolve_device
 from mar_probe.probe.record import weights_sha256
@@ -243,15 +249,16 @@ def fidelity_model(args, device):
 
 
 # ---- fidelity --------------------------------------------------------------------------------------------------
-def measure_fidelity(arms, args, device, command: str) -> dict:
-    """:func:`mar_probe.compare.compare` over every arm, paired against full and against lazymar."""
+def measure_fidelity(arms, args, device, command: str, ranks: Ranks | None = None) -> dict:
+    """:func:`mar_probe.compare.compare` over every arm, paired against full and against lazymar; under torchrun
+    (``ranks``) the seeds are spread over the ranks and every rank returns the gathered result."""
     model = fidelity_model(args, device).eval()
     config = CompareConfig(runs=arms, num_samples=args.num_samples, seeds=tuple(args.seeds),
                            num_iter=args.fidelity_iter, batch_size=min(args.num_samples, args.fidelity_batch),
                            grid_images=0, paired_against=AGAINST, rng=args.rng)
     started = time.time()
-    result = compare(model, config, progress=args.progress, partial=args.partial, resume=args.resume,
-                     command=command)
+    result = compare(model, config, progress=args.progress and (ranks is None or ranks.rank == 0),
+                     partial=args.partial, resume=args.resume, ranks=ranks, command=command)
     return {"results": result.results, "seconds": time.time() - started}
 
 
@@ -697,6 +704,16 @@ def checked_args(p, argv):
     if args.resume and not args.partial and args.part != "speed":
         p.error("--resume needs --partial FOLDER (the fidelity part's finished runs); with --part speed it "
                 "continues the speed file's finished rounds")
+    try:
+        args.ranks = Ranks.from_env()
+    except ValueError as exc:
+        p.error(str(exc))
+    # torchrun spreads the fidelity part's seeds over processes; the speed part's ratios compare runs of one
+    # process, and the noise-free protocol is not spread, so both are refused rather than run once per rank
+    if args.ranks is not None and (args.part != "fidelity" or args.noise_free):
+        p.error(f"under torchrun (WORLD_SIZE={args.ranks.world_size!r}) only --part fidelity without --noise-free "
+                f"runs, got --part {args.part!r}{' --noise-free' if args.noise_free else ''}; run the speed part "
+                f"as one process first")
     return args
 
 
@@ -778,7 +795,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        device = resolve_device(args.device)
+        device = args.ranks.device(args.device) if args.ranks is not None else resolve_device(args.device)
     except ValueError as exc:
         p.error(f"--device: {exc}")
     try:
@@ -786,16 +803,22 @@ def main(argv=None):
     except ValueError as exc:
         p.error(str(exc))
     Timer.clock = staticmethod(BS.CLOCKS[args.clock])
-    command = " ".join(["python", "benchmarks/bench_zoo.py"] + argv)
+    launcher = (["python"] if args.ranks is None else
+                ["torchrun", "--standalone", "--nproc_per_node", str(args.ranks.world_size)])
+    command = " ".join(launcher + ["benchmarks/bench_zoo.py"] + argv)
     out = Path(args.out) if args.out else RESULTS
     stem = "zoo" + ("_quick" if args.quick else "")
-    print(f"{len(arms)} arms: " + ", ".join(r.label for r in arms), flush=True)
+    if args.ranks is None or args.ranks.rank == 0:
+        print(f"{len(arms)} arms: " + ", ".join(r.label for r in arms), flush=True)
     started, before = time.time(), BS.load_average()
     speed = speed_part(p, arms, args, device, command, Path(args.speed_file or out / f"{stem}_speed.json"))
     if args.part == "speed":
         print(speed_markdown(speed))
         return speed
-    fidelity = measure_fidelity(arms, args, device, command)
+    with process_group(args.ranks, device):
+        fidelity = measure_fidelity(arms, args, device, command, args.ranks)
+    if args.ranks is not None and args.ranks.rank != 0:
+        return None                                                     # rank 0 alone writes the gathered result
     if args.noise_free:
         fidelity["noise_free"] = measure_noise_free(arms, args, device)
     payload = zoo_payload(arms, roles, args, speed, fidelity, command, started, before)

@@ -250,3 +250,36 @@ def test_speed_part_resumes_its_finished_rounds(split, capsys):
     with pytest.raises(SystemExit):
         Z.main(["--quick", "--part", "fidelity", "--resume"])
     assert "--resume needs --partial FOLDER" in capsys.readouterr().err
+
+
+def test_fidelity_part_under_torchrun_spreads_the_seeds_and_gives_the_single_process_result(split, tmp_path):
+    """Real torchrun, 2 CPU processes: the fidelity part's seeds are spread over the ranks (seed k on rank k mod 2)
+    and rank 0 alone writes; the fidelity of every arm equals the single process's (the split fixture's), and a
+    speed part under torchrun is refused before anything runs."""
+    import os
+    import shutil
+    import subprocess
+    _, one, out = split
+    shutil.copy(out / "zoo_quick_speed.json", tmp_path / "zoo_quick_speed.json")
+    script = str(Path(Z.__file__))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, "--quick",
+           "--threads", "1", "--out", str(tmp_path)]
+    res = subprocess.run([*run, "--part", "fidelity", "--partial", str(tmp_path / "partial"), "--progress"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count(" arms: ") == 1                      # rank 0 alone prints (and writes)
+    two = json.loads((tmp_path / "zoo_quick.json").read_text())
+    assert two["command"].startswith("torchrun --standalone --nproc_per_node 2 benchmarks/bench_zoo.py --quick")
+    a, b = one["fidelity"]["results"]["strategies"], two["fidelity"]["results"]["strategies"]
+    assert set(a) == set(b) == set(one["arms"])
+    for label in a:
+        assert a[label]["fidelity"] == b[label]["fidelity"] and a[label]["quality"] == b[label]["quality"]
+        assert [s["seed"] for s in b[label]["per_seed"]] == [0, 1]
+    assert len(list((tmp_path / "partial").glob("*.npz"))) == 2 * len(a)   # every (arm, seed) run kept
+    # rank 0's progress bar (the only one) counts its own runs: one seed's arms, not both seeds'
+    assert f"{len(a)}/{len(a)} [" in res.stderr and f"/{2 * len(a)} [" not in res.stderr, res.stderr[-2000:]
+    refused = subprocess.run([*run, "--part", "speed"], env=env, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0
+    assert "under torchrun (WORLD_SIZE=2) only --part fidelity without --noise-free runs, got --part 'speed'" \
+        in refused.stderr, refused.stderr[-2000:]
