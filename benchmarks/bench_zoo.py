@@ -325,6 +325,35 @@ def goal_verdict(over_full: float | None, over_full_b: float | None, psnr_vs_laz
                        "psnr_vs_lazymar_hi": hi}}
 
 
+def floor_check(fidelity: dict, rows: dict) -> dict | None:
+    """Where the goal's fidelity reference lies against the unrelated-sample floor (compare's
+    ``unrelated_floor``: full's images of each seed against the previous seed's): ``above`` when the lower end of
+    ``lazymar``'s PSNR interval against full is above the floor's upper end. When it is not, "at least lazymar's
+    fidelity" is met by images as unrelated to full's as another sample of the class, so the goal's fidelity check
+    separates nothing on this model (the zoo on the shipped default, issue 14's model). None without a floor (one
+    seed)."""
+    floor = (fidelity["results"].get("unrelated_floor") or {}).get("psnr")
+    ref = rows[AGAINST]["fidelity"]["psnr"] if AGAINST in rows else None
+    if floor is None or floor.get("hi") is None or ref is None or ref.get("lo") is None:
+        return None
+    return {"floor_psnr": floor, "reference": AGAINST, "reference_psnr": ref, "above": ref["lo"] > floor["hi"]}
+
+
+def floor_note(check: dict | None) -> str:
+    """The sentence under the goal saying whether lazymar's fidelity is above the unrelated-sample floor."""
+    if check is None:
+        return ""
+    f, r = check["floor_psnr"], check["reference_psnr"]
+    text = (f"Unrelated-sample floor (`full`'s images of each seed against the previous seed's, the same labels): "
+            f"PSNR {_iv(f, '{:.1f}')} dB; `{check['reference']}` against `full`: {_iv(r, '{:.1f}')} dB, ")
+    if check["above"]:
+        return text + "above the floor, so the goal's fidelity check compares images related to `full`'s."
+    return text + ("**not above the floor**: its images are no closer to `full`'s than another sample of the "
+                   "same class, so \"at least lazymar's fidelity\" admits any arm whose images are unrelated to "
+                   "`full`'s and separates nothing on this model; read the Fréchet column (distribution quality) "
+                   "for what such arms keep.")
+
+
 def arm_median_seconds(row: dict) -> dict:
     """An arm's median seconds over rounds, per part (a row of :func:`combine`)."""
     return {p: statistics.median(v) for p, v in row["speed"]["seconds_per_round"].items()}
@@ -506,6 +535,8 @@ def markdown(payload: dict) -> str:
         f"`lazymar`'s image by image, "
         f"Fréchet distance minus `full`'s seed by seed; 95% t-intervals (`*`: clipped to the metric's range).", "",
         arm_table(rows), "", goal_text(rows, payload["speed"]["model"])]
+    if payload.get("floor") is not None:
+        lines.append(floor_note(payload["floor"]))
     sched = [k for k, r in rows.items() if r.get("head_schedule")]
     if sched:
         lines.append(_schedule_note(sched, fs["rng"], free))
@@ -579,6 +610,10 @@ def draw(payload: dict):
     lz = payload["arms"].get(AGAINST, {}).get("fidelity", {}).get("psnr")
     if lz and lz.get("lo") is not None:
         ax.axhspan(lz["lo"], lz["hi"], color="tab:orange", alpha=0.15, lw=0)
+    floor = (payload.get("floor") or {}).get("floor_psnr")
+    if floor is not None:
+        ax.axhspan(floor["lo"], floor["hi"], color="0.5", alpha=0.25, lw=0)
+        bottom = min(bottom, max(0.0, floor["lo"] - 3.0))
     ax.axvline(1.0, color="0.4", lw=0.8)
     ax.axvline(GOAL["over_full"], color="k", ls="--", lw=0.9)
     ax.axvline(GOAL["over_full_b"], color="k", ls=":", lw=0.9)
@@ -622,6 +657,8 @@ def draw(payload: dict):
                Line2D([], [], color="k", ls=":", lw=0.9, label=f"goal: {GOAL['over_full_b']:g}x over full-b"),
                Line2D([], [], color="0.4", lw=0.8, label="full (1x; PSNR identical)"),
                Patch(color="tab:orange", alpha=0.3, label=f"{AGAINST}'s PSNR interval")]
+    if floor is not None:
+        handles.append(Patch(color="0.5", alpha=0.4, label="unrelated sample (full, next seed)"))
     handles += [Line2D([], [], marker="o", color=c, ls="none", label=f"{role} arm")
                 for role, c in colours.items() if any(r["role"] == role for r in rows.values())]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
@@ -771,6 +808,7 @@ def zoo_payload(arms, roles, args, speed: dict, fidelity: dict, command: str, st
     if args.quick:
         payload["settings"]["preset"] = speed["model"] + " (perturbed, quick)"
     payload["meets_goal"] = [k for k, r in payload["arms"].items() if r["goal"]["meets"]]
+    payload["floor"] = floor_check(fidelity, payload["arms"])
     payload["gap"] = goal_gap(payload["arms"])
     return payload
 

@@ -321,8 +321,11 @@ class ZooResults:
         return bench_zoo.arm_table(self.arms)
 
     def goal(self) -> str:
+        """The goal's verdict, and where lazymar's fidelity lies against the unrelated-sample floor (files written
+        since the floor exists)."""
         import bench_zoo
-        return bench_zoo.goal_text(self.arms, self.data["speed"]["model"])
+        note = bench_zoo.floor_note(self.data.get("floor"))
+        return bench_zoo.goal_text(self.arms, self.data["speed"]["model"]) + ("\n" + note if note else "")
 
     @property
     def rounds(self) -> int:
@@ -659,6 +662,17 @@ class TrainingCheckpoint:
         """The loss of the model's first training iteration."""
         return self.phases[0].losses[0]
 
+    def phases_after(self, shipped: TrainingCheckpoint) -> list[Phase]:
+        """This file's phases beyond ``shipped``'s, when it continues ``shipped``'s training (its phases start with
+        the same iterations and losses); refused otherwise, so a card never appends a stranger's phases."""
+        n = len(shipped.phases)
+        ours = [(p.iterations, p.losses) for p in self.phases[:n]]
+        if len(self.phases) < n or ours != [(p.iterations, p.losses) for p in shipped.phases]:
+            raise ValueError(f"{self.rel!r} does not continue {shipped.rel!r}: expected its first {n} phases to be "
+                             f"those of {shipped.rel!r} (iterations {[p.iterations for p in shipped.phases]!r}), got "
+                             f"iterations {[p.iterations for p in self.phases]!r}")
+        return self.phases[n:]
+
     def check_scored(self, *files) -> str:
         """Refuse result files (dicts with ``weights_sha256``, or :class:`CompareResults`) that scored other weights
         than this checkpoint's EMA weights; returns an empty string, so a template can call it inline."""
@@ -671,6 +685,12 @@ class TrainingCheckpoint:
                 raise ValueError(f"a result file ({data.get('command') or getattr(f, 'rel', '?')!r}) scored weights "
                                  f"{data.get('weights_sha256')!r}, expected those of {self.rel!r}: {sha!r}")
         return ""
+
+
+def training_line(rel: str) -> TrainingCheckpoint | None:
+    """The phase in training beyond the shipped file (issue 14: the next phases are committed under
+    ``data/training/`` and replace the default only if they score better), or None when none is committed."""
+    return TrainingCheckpoint(rel) if (DATA / rel).is_file() else None
 
 
 class ProgressResults:
@@ -963,7 +983,8 @@ def render(page: str) -> str:
     env.globals.update(compare=CompareResults, shadow=ShadowErrors, summary=SummaryResults, bench=BenchResults,
                        zoo=ZooResults, stage_results=StageResults,
                        seed_difference=seed_difference, table=table, csv_rows=csv_rows, csv_mean=csv_mean,
-                       json_file=json_file, fmt=fmt, checkpoint=TrainingCheckpoint, progress=ProgressResults,
+                       json_file=json_file, fmt=fmt, checkpoint=TrainingCheckpoint, training_line=training_line,
+                       progress=ProgressResults,
                        worst_class=worst_class, per_class_text=per_class_text, target_misses=target_misses,
                        targets=TARGETS, duration=duration, percentile=percentile,
                        cosine_alpha_bar_end=cosine_alpha_bar_end, sci=sci, preset=preset,

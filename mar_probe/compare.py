@@ -24,6 +24,8 @@ machinery and adds the Pareto front of speed against fidelity.
 
     {"format", "version", "command": the command line or None, "settings": CompareConfig.to_dict(),
      "machine": {...}, "model", "weights_sha256", "speed_scope": SPEED_SCOPE (what the speed-ups cover),
+     "unrelated_floor": {"against", "seed_pairs", "token_mse": I, "token_cos": I, "psnr": I, "ssim": I} or None
+                        (full's images of each seed against the previous seed's: :func:`unrelated_floor`),
      "strategies": {LABEL: {
          "label", "config": strategy.to_dict(), "steps", "samples_path": "samples/LABEL.npz",
          "seconds": I, "gflops": I, "speedup": {"time": I, "flops": I},
@@ -370,7 +372,7 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
                     entry["per_seed"], ref["per_seed"], config.paired_against).items() if k != "against"})
     results = {"format": FORMAT, "version": VERSION, "command": command, "settings": config.to_dict(),
                "machine": machine(), "model": model.config.name, "weights_sha256": sha, "speed_scope": SPEED_SCOPE,
-               "strategies": strategies}
+               "unrelated_floor": unrelated_floor(runs["full"]), "strategies": strategies}
     return CompareResult(results, runs)
 
 
@@ -532,6 +534,24 @@ def paired_difference(fid: list, ref: list, against: str) -> dict:
         if k in fid[0] and k in ref[0]:
             out[k] = _interval(np.concatenate([d[k].values - r[k].values for d, r in zip(fid, ref)]),
                                difference_bounds(METRICS[k].bounds))
+    return out
+
+
+def unrelated_floor(full: list[SeedRun]) -> dict | None:
+    """The paired fidelity of an unrelated sample: ``full``'s images of each seed against the previous seed's
+    (the same labels, other noise and generation orders), over consecutive seeds; None with one seed.
+
+    A strategy whose fidelity against ``full`` is not above it draws images no closer to ``full``'s than another
+    sample of the same class is, so a comparison of fidelities near it (issue 17's goal, "at least lazymar's")
+    separates nothing: the zoo reports where ``lazymar``'s fidelity lies against it (docs/strategies.md)."""
+    if len(full) < 2:
+        return None
+    pairs = list(zip(full, full[1:]))
+    fid = [paired_fidelity(b.tokens, a.tokens, b.images, a.images) for a, b in pairs]
+    out = {"against": "full, the previous seed", "seed_pairs": [[a.seed, b.seed] for a, b in pairs]}
+    for k in FIDELITY:
+        if k in fid[0]:
+            out[k] = _interval(np.concatenate([d[k].values for d in fid]), METRICS[k].bounds)
     return out
 
 

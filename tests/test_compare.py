@@ -249,6 +249,26 @@ def test_frechet_with_one_seed_has_no_interval_and_says_so():
     assert "| m | 4 | 2.5 (n=1) |" in format_table(results)
 
 
+def test_unrelated_floor_pairs_each_seed_with_the_previous_one():
+    """Issue 17's zoo: full's images of seed k+1 against seed k's are the fidelity of an unrelated sample; equal
+    seeds give the identical-image values, one seed gives no floor."""
+    from mar_probe.compare import unrelated_floor
+    rng = np.random.default_rng(0)
+    tokens = [rng.normal(size=(3, 16, 4)).astype(np.float32) for _ in range(3)]
+    images = [rng.integers(0, 256, (3, 8, 8, 1)).astype(np.uint8) for _ in range(3)]
+    runs = [SeedRun(s, 1.0, 1, 1, tokens[k], images[k], np.array([0, 1, 2])) for k, s in enumerate((5, 6, 9))]
+    floor = unrelated_floor(runs)
+    assert floor["seed_pairs"] == [[5, 6], [6, 9]] and floor["psnr"]["n"] == 6
+    want = np.concatenate([paired_fidelity(tokens[k + 1], tokens[k], images[k + 1], images[k])["psnr"].values
+                           for k in (0, 1)])
+    assert floor["psnr"]["mean"] == pytest.approx(want.mean())
+    assert floor["psnr"]["lo"] < want.mean() < floor["psnr"]["hi"]
+    assert 0 < floor["psnr"]["mean"] < 20 and floor["token_mse"]["mean"] > 0.5          # noise against noise
+    same = unrelated_floor([runs[0], dataclasses.replace(runs[0], seed=7)])
+    assert (same["psnr"]["mean"], same["token_mse"]["mean"]) == (100.0, 0.0)
+    assert unrelated_floor(runs[:1]) is None
+
+
 def test_fashion_judge_per_image_accuracy_and_per_seed_frechet():
     from mar_probe.quality import fashion_frechet, load_classifier, load_reference_stats, predict
     rng = np.random.default_rng(0)

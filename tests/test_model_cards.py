@@ -12,12 +12,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import render_docs as R  # noqa: E402
 
 
-def _save(folder: Path, history, phases, lengths=None) -> None:
+def _save(folder: Path, history, phases, lengths=None, name: str = "m.pth") -> None:
     state = {"model_ema": {"w": torch.zeros(3, 4), "b": torch.zeros(5)}, "loss_history": history,
              "train_phases": phases, "mar_probe_config": {"name": "x"}}
     if lengths is not None:
         state["phase_iterations"] = lengths
-    torch.save(state, folder / "m.pth")
+    torch.save(state, folder / name)
 
 
 def test_phases_split_by_iters_and_a_restarted_clock_counts_from_zero(tmp_path, monkeypatch):
@@ -66,6 +66,26 @@ def test_iteration_counts_that_do_not_add_up_are_refused(tmp_path, monkeypatch):
         R.TrainingCheckpoint("m.pth")
     with pytest.raises(FileNotFoundError, match="expected a committed file under data/"):
         R.TrainingCheckpoint("missing.pth")
+
+
+def test_the_training_line_lists_the_phases_beyond_the_shipped_file_and_refuses_another_run(tmp_path, monkeypatch):
+    """Issue 14: phases trained after shipping lie in data/training/ until they score better; the card appends them
+    only when that file continues the shipped one's training."""
+    monkeypatch.setattr(R, "DATA", tmp_path)
+    (tmp_path / "training").mkdir()
+    history = [[i, 1.0 / (i + 1), float(i + 1)] for i in range(5)]
+    _save(tmp_path, history[:3], [{"iters": 2}, {"iters": 1}])
+    _save(tmp_path / "training", history, [{"iters": 2}, {"iters": 1}, {"iters": 4}], lengths=[2, 1, 2])
+    shipped, line = R.TrainingCheckpoint("m.pth"), R.training_line("training/m.pth")
+    (ahead,) = line.phases_after(shipped)
+    assert (ahead.index, ahead.start, ahead.iterations, ahead.outcome) == (2, 3, 2, "stopped early")
+    assert line.phases_after(line) == [] and R.training_line("training/none.pth") is None
+    other = [[i, 2.0, float(i + 1)] for i in range(5)]            # the same phase lengths, other losses
+    _save(tmp_path / "training", other, [{"iters": 2}, {"iters": 1}, {"iters": 2}])
+    with pytest.raises(ValueError, match=r"'data/training/m.pth' does not continue 'data/m.pth'.*iterations \[2, 1\]"):
+        R.training_line("training/m.pth").phases_after(shipped)
+    with pytest.raises(ValueError, match="does not continue"):
+        shipped.phases_after(line)                                # fewer phases than the file it should continue
 
 
 def test_duration_sci_and_target_misses():

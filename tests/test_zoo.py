@@ -80,6 +80,28 @@ def test_goal_verdict_from_the_numbers():
     assert not Z.goal_verdict(6.0, 4.0, None)["meets"]
 
 
+def test_floor_check_says_whether_lazymar_is_above_the_unrelated_sample_floor(zoo):
+    """The quick run (2 seeds) carries compare's unrelated-sample floor and the check beside the goal; patched below
+    and above lazymar's PSNR interval, the check and the markdown's sentence follow."""
+    payload, data, _ = zoo
+    floor = data["fidelity"]["results"]["unrelated_floor"]
+    assert floor["seed_pairs"] == [[0, 1]] and data["floor"]["floor_psnr"] == floor["psnr"]
+    assert data["floor"]["reference_psnr"] == data["arms"]["lazymar"]["fidelity"]["psnr"]
+    fidelity, rows = copy.deepcopy(data["fidelity"]), copy.deepcopy(data["arms"])
+    rows["lazymar"]["fidelity"]["psnr"] = {"mean": 14.0, "lo": 13.0, "hi": 15.0, "n": 4}
+    fidelity["results"]["unrelated_floor"]["psnr"] = {"mean": 12.6, "lo": 11.9, "hi": 13.3, "n": 4}
+    low = Z.floor_check(fidelity, rows)
+    assert low["above"] is False and "**not above the floor**" in Z.floor_note(low)
+    assert "PSNR 12.6 [11.90, 13.30] dB" not in Z.floor_note(low) and "PSNR 12.6 [11.9, 13.3] dB" in Z.floor_note(low)
+    rows["lazymar"]["fidelity"]["psnr"]["lo"] = 13.31
+    high = Z.floor_check(fidelity, rows)
+    assert high["above"] and "above the floor, so" in Z.floor_note(high)
+    fidelity["results"]["unrelated_floor"] = None                  # one seed: no floor, no sentence
+    assert Z.floor_check(fidelity, rows) is None and Z.floor_note(None) == ""
+    md = Z.markdown({**payload, "floor": low})
+    assert Z.floor_note(low) in md
+
+
 def test_goal_verdict_follows_patched_results(zoo):
     """The verdict in the rows is computed from their numbers: patched to the goal's side it says yes, and the
     markdown names the arm; one PSNR interval below 0 and it says no."""
