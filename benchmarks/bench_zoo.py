@@ -84,8 +84,8 @@ import bench_strategies as BS
 from common import RESULTS, bench_parser, machine
 from mar_probe import create_model, load_model, sample, strategies
 from mar_probe.engine import RNG_MODES
-from mar_probe.launch import Ranks, process_group
 from mar_probe.compare import CompareConfig, StrategyRun, _json_default, compare, parse_runs
+from mar_probe.launch import Ranks, process_group
 from mar_probe.models.checkpoints import create_perturbed_model, resolve_device
 from mar_probe.probe.record import weights_sha256
 from mar_probe.quality.paired import PSNR_IDENTICAL
