@@ -9,12 +9,12 @@ there with the worktree first on ``PYTHONPATH``. It records the suite's wall tim
 the first line of its message and the slowest tests in ``benchmarks/results/NAME.json``; the worktree is removed
 afterwards.
 
-    python benchmarks/ship_rehearsal.py --candidate runs/fb128_p28/fashion_b128.pth --name ship_rehearsal_b128_p28
+    python benchmarks/ship_rehearsal.py --candidate data/training/fashion_b128.pth --name ship_rehearsal_b128_p29
 
 A suite that runs past ``--timeout`` seconds is stopped and recorded as timed out, with its elapsed time.
 ``DEFAULT_PRESET`` (what ``train`` and ``create_model()`` build by default) is left as it is: a candidate of another
 preset needs that line changed too. A candidate of the default's own file name (the next phase of the same model)
-simply replaces it.
+simply replaces it (the training line's latest phase lies at ``data/training/fashion_b128.pth`` until it ships).
 """
 from __future__ import annotations
 
