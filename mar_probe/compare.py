@@ -543,7 +543,9 @@ def unrelated_floor(full: list[SeedRun]) -> dict | None:
 
     A strategy whose fidelity against ``full`` is not above it draws images no closer to ``full``'s than another
     sample of the same class is, so a comparison of fidelities near it (issue 17's goal, "at least lazymar's")
-    separates nothing: the zoo reports where ``lazymar``'s fidelity lies against it (docs/strategies.md)."""
+    separates nothing: the zoo reports where ``lazymar``'s fidelity lies against it (docs/strategies.md). The
+    interval pools the images of every pair; with three or more seeds a middle seed's images enter two pairs, so it
+    is somewhat narrower than independent pairs would give."""
     if len(full) < 2:
         return None
     pairs = list(zip(full, full[1:]))
