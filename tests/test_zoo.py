@@ -278,15 +278,15 @@ def test_fidelity_part_under_torchrun_spreads_the_seeds_and_gives_the_single_pro
     """Real torchrun, 2 CPU processes: the fidelity part's seeds are spread over the ranks (seed k on rank k mod 2)
     and rank 0 alone writes; the fidelity of every arm equals the single process's (the split fixture's), and a
     speed part under torchrun is refused before anything runs."""
-    import os
     import shutil
     import subprocess
+
+    from test_torchrun import TORCHRUN, _env                    # the launcher and environment of the torchrun tests
     _, one, out = split
     shutil.copy(out / "zoo_quick_speed.json", tmp_path / "zoo_quick_speed.json")
-    script = str(Path(Z.__file__))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, "--quick",
-           "--threads", "1", "--out", str(tmp_path)]
+    env = _env()
+    run = [*TORCHRUN, "--nproc_per_node", "2", str(Path(Z.__file__)), "--quick", "--threads", "1", "--out",
+           str(tmp_path)]
     res = subprocess.run([*run, "--part", "fidelity", "--partial", str(tmp_path / "partial"), "--progress"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
