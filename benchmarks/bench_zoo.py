@@ -42,9 +42,9 @@ Commands (the full-size run is hours on a CPU; the committed result ran in parts
     python benchmarks/bench_zoo.py --part fidelity --threads 2 --partial runs/zoo_partial
     # more speed rounds later: --resume keeps the speed file's rounds and measures up to --rounds
     python benchmarks/bench_zoo.py --part speed --threads 1 --resume
-    # the fidelity part over 2 processes (torchrun, one thread each): the seeds are spread over the ranks (seed k
-    # on rank k mod 2, every arm of a seed on one rank), the finished runs kept in the same --partial folder, and
-    # rank 0 writes the gathered result; a single process and torchrun resume each other's folder
+    # the fidelity part over 2 processes (torchrun, one thread each): the (seed, arm) runs are spread over the
+    # ranks (run k of the seed-major list on rank k mod 2), the finished runs kept in the same --partial folder,
+    # and rank 0 writes the gathered result; a single process and torchrun resume each other's folder
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 benchmarks/bench_zoo.py --part fidelity --threads 1 \
         --partial runs/zoo_b128_partial --resume
     # smoke run (the test's): perturbed mar_tiny for both parts, 2 images x seeds 0,1, 4 steps, 1 round (~6 s)
@@ -251,14 +251,16 @@ def fidelity_model(args, device):
 # ---- fidelity --------------------------------------------------------------------------------------------------
 def measure_fidelity(arms, args, device, command: str, ranks: Ranks | None = None) -> dict:
     """:func:`mar_probe.compare.compare` over every arm, paired against full and against lazymar; under torchrun
-    (``ranks``) the seeds are spread over the ranks and every rank returns the gathered result."""
+    (``ranks``) the (seed, arm) runs are spread over the ranks and every rank returns the gathered result."""
     model = fidelity_model(args, device).eval()
     config = CompareConfig(runs=arms, num_samples=args.num_samples, seeds=tuple(args.seeds),
                            num_iter=args.fidelity_iter, batch_size=min(args.num_samples, args.fidelity_batch),
                            grid_images=0, paired_against=AGAINST, rng=args.rng)
     started = time.time()
+    # spread="runs": the (seed, arm) jobs, not whole seeds, go round the ranks, since 3 seeds on 2 ranks left one
+    # idle a third of the run (issue 17); the zoo's speed comes from its speed part, not from these runs' seconds
     result = compare(model, config, progress=args.progress and (ranks is None or ranks.rank == 0),
-                     partial=args.partial, resume=args.resume, ranks=ranks, command=command)
+                     partial=args.partial, resume=args.resume, ranks=ranks, spread="runs", command=command)
     return {"results": result.results, "seconds": time.time() - started}
 
 
@@ -745,7 +747,7 @@ def checked_args(p, argv):
         args.ranks = Ranks.from_env()
     except ValueError as exc:
         p.error(str(exc))
-    # torchrun spreads the fidelity part's seeds over processes; the speed part's ratios compare runs of one
+    # torchrun spreads the fidelity part's runs over processes; the speed part's ratios compare runs of one
     # process, and the noise-free protocol is not spread, so both are refused rather than run once per rank
     if args.ranks is not None and (args.part != "fidelity" or args.noise_free):
         p.error(f"under torchrun (WORLD_SIZE={args.ranks.world_size!r}) only --part fidelity without --noise-free "

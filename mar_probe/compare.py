@@ -59,6 +59,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -71,6 +72,7 @@ from .quality.paired import PSNR_IDENTICAL, difference_bounds, interval, paired_
 
 FORMAT, VERSION = "mar_probe.compare", 1
 FIDELITY = ("token_mse", "token_cos", "psnr", "ssim")
+Spread = Literal["seeds", "runs"]  # how torchrun's ranks share the (seed, strategy) jobs: _rank_jobs
 
 
 @dataclass(frozen=True)
@@ -304,7 +306,7 @@ class PartialRuns:
         if run.images is not None:
             arrays["images"] = run.images
         tmp = self.folder / f".{_file_label(label)}.seed{run.seed}.tmp.npz"
-        np.savez(tmp, **arrays)
+        np.savez_compressed(tmp, **arrays)  # the images' flat background compresses: a zoo's 45 runs fit in git
         os.replace(tmp, self._path(label, run.seed))
 
 
@@ -320,14 +322,15 @@ class CompareResult:
 
 
 def compare(model, config: CompareConfig, vae=None, progress: bool = True, partial=None,
-            resume: bool = False, ranks: Ranks | None = None, command: str | None = None) -> CompareResult:
+            resume: bool = False, ranks: Ranks | None = None, spread: Spread = "seeds",
+            command: str | None = None) -> CompareResult:
     """Run every strategy of ``config`` on every seed (strategies interleaved per seed, so that a busy machine
     slows all alike) and judge them against ``full`` (see the module docstring).
 
     With ``partial`` (a folder), every finished (strategy, seed) run is saved there as it completes (see
     :class:`PartialRuns`); with ``resume`` the runs already there are loaded instead of run again.
-    Under torchrun (``ranks``, the process group joined: :mod:`mar_probe.launch`) the seeds are spread over the
-    ranks, every strategy of a seed on the same rank, and the runs are gathered: every rank returns the same
+    Under torchrun (``ranks``, the process group joined: :mod:`mar_probe.launch`) the jobs are spread over the
+    ranks as ``spread`` says (see :func:`_rank_jobs`) and the runs are gathered: every rank returns the same
     result. ``command`` (the command line that asked for it) is recorded in the results beside the settings, the
     machine and the weights' SHA-256, so a result file says how to make it again (issue 15)."""
     from .probe.record import image_shape, weights_sha256
@@ -335,13 +338,15 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
     if image_shape(model, vae) == (28, 28, 1) and config.num_samples < 2:  # checked before anything is sampled
         raise ValueError(f"num_samples must be >= 2 for the Frechet distance of Fashion-MNIST images (a covariance "
                          f"of classifier features), got {config.num_samples!r}")
+    if spread not in get_args(Spread):
+        raise ValueError(f"unknown spread {spread!r}; expected one of {list(get_args(Spread))!r}")
     labels = config.label_array(model.num_classes)
     sha = weights_sha256(model)
     saved = _partial_runs(partial, config, sha, resume, ranks)
     jobs = [(seed, r) for seed in config.seeds for r in config.runs]
     done: dict[tuple[str, int], SeedRun] = {}
     try:
-        for seed, r in tqdm(_rank_jobs(jobs, config.seeds, ranks), desc="compare", disable=not progress):
+        for seed, r in tqdm(_rank_jobs(jobs, config.seeds, ranks, spread), desc="compare", disable=not progress):
             got = saved.load(r.label, seed) if saved is not None else None
             if got is None:
                 got = run_strategy(model, r, labels, seed, config, vae)
@@ -376,11 +381,16 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
     return CompareResult(results, runs)
 
 
-def _rank_jobs(jobs: list, seeds, ranks: Ranks | None) -> list:
-    """This rank's (seed, run) jobs: seed ``k`` of ``seeds`` goes to rank ``k mod WORLD_SIZE``. All strategies of
-    a seed run on one rank, so that each per-seed speed ratio compares runs of one process on one device."""
+def _rank_jobs(jobs: list, seeds, ranks: Ranks | None, spread: Spread = "seeds") -> list:
+    """This rank's (seed, run) jobs. ``seeds``: seed ``k`` of ``seeds`` goes to rank ``k mod WORLD_SIZE``, all
+    strategies of a seed on one rank, so that each per-seed speed ratio compares runs of one process on one device.
+    ``runs``: job ``k`` of ``jobs`` (seed-major) goes to rank ``k mod WORLD_SIZE``, which keeps every rank busy
+    when the seeds do not divide evenly (3 seeds on 2 ranks leave one rank idle a third of the time, issue 17's
+    zoo), at the price of per-seed speed ratios across processes: for callers whose speed comes from elsewhere."""
     if ranks is None:
         return jobs
+    if spread == "runs":
+        return jobs[ranks.rank::ranks.world_size]
     mine = {seed for k, seed in enumerate(seeds) if k % ranks.world_size == ranks.rank}
     return [(seed, r) for seed, r in jobs if seed in mine]
 

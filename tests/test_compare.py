@@ -1,6 +1,7 @@
 """Paired fidelity, mar-probe compare and sweep, and their figures."""
 import dataclasses
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -389,6 +390,8 @@ def test_compare_resume_reuses_saved_runs_and_refuses_another_comparison(tiny, t
     first = compare(tiny, config, progress=False, partial=tmp_path / "p")
     saved = sorted(p.name for p in (tmp_path / "p").glob("*.npz"))
     assert saved == ["full.seed0.npz", "full.seed1.npz", "m.seed0.npz", "m.seed1.npz"]
+    with zipfile.ZipFile(tmp_path / "p" / "full.seed0.npz") as z:                 # saved compressed
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_DEFLATED}
     (tmp_path / "p" / "m.seed1.npz").unlink()
     calls = []
     real = C.run_strategy
@@ -409,6 +412,26 @@ def test_compare_resume_reuses_saved_runs_and_refuses_another_comparison(tiny, t
     calls.clear()
     compare(tiny, config, progress=False, partial=tmp_path / "p")              # no resume: everything runs again
     assert calls == ["full", "m", "full", "m"]
+
+
+def test_rank_jobs_spread_by_seed_or_by_run(tiny):
+    """torchrun's split of the (seed, strategy) jobs: by seed, every strategy of a seed on one rank (3 seeds on 2
+    ranks: 6 jobs and 3); by run, job k on rank k mod 2 (5 and 4); either way the ranks' jobs are disjoint and
+    cover every job; an unknown spread is refused before anything runs, naming the valid ones."""
+    from mar_probe.compare import _rank_jobs
+    from mar_probe.launch import Ranks
+    jobs = [(seed, label) for seed in (0, 1, 2) for label in ("full", "a", "b")]
+    mine = {(spread, rank): _rank_jobs(jobs, (0, 1, 2), Ranks(rank=rank, world_size=2, local_rank=rank), spread)
+            for spread in ("seeds", "runs") for rank in (0, 1)}
+    assert mine["seeds", 0] == [j for j in jobs if j[0] in (0, 2)] and mine["seeds", 1] == jobs[3:6]
+    assert mine["runs", 0] == [(0, "full"), (0, "b"), (1, "a"), (2, "full"), (2, "b")]
+    assert mine["runs", 1] == [(0, "a"), (1, "full"), (1, "b"), (2, "a")]
+    for spread in ("seeds", "runs"):
+        assert sorted(mine[spread, 0] + mine[spread, 1]) == sorted(jobs)
+    assert _rank_jobs(jobs, (0, 1, 2), None, "runs") == jobs                    # one process: every job
+    config = CompareConfig(runs=(), num_samples=2, seeds=(0,), num_iter=3, grid_images=0)
+    with pytest.raises(ValueError, match=r"unknown spread 'arms'; expected one of \['seeds', 'runs'\]"):
+        compare(tiny, config, progress=False, spread="arms")
 
 
 def test_cli_compare_saves_partial_runs_and_resumes(tmp_path, capsys):

@@ -274,10 +274,10 @@ def test_speed_part_resumes_its_finished_rounds(split, capsys):
     assert "--resume needs --partial FOLDER" in capsys.readouterr().err
 
 
-def test_fidelity_part_under_torchrun_spreads_the_seeds_and_gives_the_single_process_result(split, tmp_path):
-    """Real torchrun, 2 CPU processes: the fidelity part's seeds are spread over the ranks (seed k on rank k mod 2)
-    and rank 0 alone writes; the fidelity of every arm equals the single process's (the split fixture's), and a
-    speed part under torchrun is refused before anything runs."""
+def test_fidelity_part_under_torchrun_spreads_the_runs_and_gives_the_single_process_result(split, tmp_path):
+    """Real torchrun, 2 CPU processes: the fidelity part's (seed, arm) runs are spread over the ranks (run k of the
+    seed-major list on rank k mod 2) and rank 0 alone writes; the fidelity of every arm equals the single
+    process's (the split fixture's), and a speed part under torchrun is refused before anything runs."""
     import shutil
     import subprocess
 
@@ -299,7 +299,7 @@ def test_fidelity_part_under_torchrun_spreads_the_seeds_and_gives_the_single_pro
         assert a[label]["fidelity"] == b[label]["fidelity"] and a[label]["quality"] == b[label]["quality"]
         assert [s["seed"] for s in b[label]["per_seed"]] == [0, 1]
     assert len(list((tmp_path / "partial").glob("*.npz"))) == 2 * len(a)   # every (arm, seed) run kept
-    # rank 0's progress bar (the only one) counts its own runs: one seed's arms, not both seeds'
+    # rank 0's progress bar (the only one) counts its own runs: every other run of both seeds, not all of them
     assert f"{len(a)}/{len(a)} [" in res.stderr and f"/{2 * len(a)} [" not in res.stderr, res.stderr[-2000:]
     refused = subprocess.run([*run, "--part", "speed"], env=env, capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0
