@@ -24,6 +24,8 @@ machinery and adds the Pareto front of speed against fidelity.
 
     {"format", "version", "command": the command line or None, "settings": CompareConfig.to_dict(),
      "machine": {...}, "model", "weights_sha256", "speed_scope": SPEED_SCOPE (what the speed-ups cover),
+     "ranks": {"world_size", "spread"} under torchrun, else None (with spread "runs" a seed's speed-ups compare
+              seconds measured by different processes),
      "unrelated_floor": {"against", "seed_pairs", "token_mse": I, "token_cos": I, "psnr": I, "ssim": I} or None
                         (full's images of each seed against the previous seed's: :func:`unrelated_floor`),
      "strategies": {LABEL: {
@@ -377,6 +379,7 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
                     entry["per_seed"], ref["per_seed"], config.paired_against).items() if k != "against"})
     results = {"format": FORMAT, "version": VERSION, "command": command, "settings": config.to_dict(),
                "machine": machine(), "model": model.config.name, "weights_sha256": sha, "speed_scope": SPEED_SCOPE,
+               "ranks": None if ranks is None else {"world_size": ranks.world_size, "spread": spread},
                "unrelated_floor": unrelated_floor(runs["full"]), "strategies": strategies}
     return CompareResult(results, runs)
 

@@ -120,7 +120,9 @@ def test_compare_spreads_seeds_over_ranks_and_gathers_one_results_file(tmp_path)
                          env=_env(), capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("wrote ") == 1  # rank 0 alone writes
-    a, b = (json.loads((tmp_path / d / "results.json").read_text())["strategies"] for d in ("one", "two"))
+    ra, rb = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two"))
+    assert ra["ranks"] is None and rb["ranks"] == {"world_size": 2, "spread": "seeds"}
+    a, b = ra["strategies"], rb["strategies"]
     for label in ("full", "m"):
         assert a[label]["fidelity"] == b[label]["fidelity"] and a[label]["quality"] == b[label]["quality"]
         assert a[label]["gflops"] == b[label]["gflops"] and a[label]["speedup"]["flops"] == b[label]["speedup"]["flops"]

@@ -293,6 +293,8 @@ def test_fidelity_part_under_torchrun_spreads_the_runs_and_gives_the_single_proc
     assert res.stdout.count(" arms: ") == 1                      # rank 0 alone prints (and writes)
     two = json.loads((tmp_path / "zoo_quick.json").read_text())
     assert two["command"].startswith("torchrun --standalone --nproc_per_node 2 benchmarks/bench_zoo.py --quick")
+    assert two["fidelity"]["results"]["ranks"] == {"world_size": 2, "spread": "runs"}
+    assert one["fidelity"]["results"]["ranks"] is None
     a, b = one["fidelity"]["results"]["strategies"], two["fidelity"]["results"]["strategies"]
     assert set(a) == set(b) == set(one["arms"])
     for label in a:
