@@ -342,13 +342,29 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
                          f"of classifier features), got {config.num_samples!r}")
     if spread not in get_args(Spread):
         raise ValueError(f"unknown spread {spread!r}; expected one of {list(get_args(Spread))!r}")
-    labels = config.label_array(model.num_classes)
     sha = weights_sha256(model)
     saved = _partial_runs(partial, config, sha, resume, ranks)
     jobs = [(seed, r) for seed in config.seeds for r in config.runs]
+    done = _run_jobs(model, config, vae, saved, _rank_jobs(jobs, config.seeds, ranks, spread), len(jobs), progress)
+    if ranks is not None:  # every rank gets every run, so each can judge; only rank 0 writes (the CLI)
+        done = {k: v for part in gather(done) for k, v in part.items()}
+    runs = {r.label: [done[r.label, seed] for seed in config.seeds] for r in config.runs}
+    strategies = _judge(config, runs)
+    results = {"format": FORMAT, "version": VERSION, "command": command, "settings": config.to_dict(),
+               "machine": machine(), "model": model.config.name, "weights_sha256": sha, "speed_scope": SPEED_SCOPE,
+               "ranks": None if ranks is None else {"world_size": ranks.world_size, "spread": spread},
+               "unrelated_floor": unrelated_floor(runs["full"]), "strategies": strategies}
+    return CompareResult(results, runs)
+
+
+def _run_jobs(model, config: CompareConfig, vae, saved: PartialRuns | None, mine: list, of: int,
+              progress: bool) -> dict[tuple[str, int], SeedRun]:
+    """Run (or, from ``saved``, load) this rank's ``mine`` (seed, run) jobs of the ``of`` in all; Ctrl-C raises
+    :class:`CompareInterrupted`, which says how many runs are kept and how to resume."""
+    labels = config.label_array(model.num_classes)
     done: dict[tuple[str, int], SeedRun] = {}
     try:
-        for seed, r in tqdm(_rank_jobs(jobs, config.seeds, ranks, spread), desc="compare", disable=not progress):
+        for seed, r in tqdm(mine, desc="compare", disable=not progress):
             got = saved.load(r.label, seed) if saved is not None else None
             if got is None:
                 got = run_strategy(model, r, labels, seed, config, vae)
@@ -358,10 +374,13 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
     except KeyboardInterrupt:
         where = (f" are saved in {str(saved.folder)!r}: rerun with --resume to continue" if saved is not None
                  else " were not saved (no partial folder)")
-        raise CompareInterrupted(f"interrupted; {len(done)} of {len(jobs)} (strategy, seed) runs{where}") from None
-    if ranks is not None:  # every rank gets every run, so each can judge; only rank 0 writes (the CLI)
-        done = {k: v for part in gather(done) for k, v in part.items()}
-    runs = {r.label: [done[r.label, seed] for seed in config.seeds] for r in config.runs}
+        raise CompareInterrupted(f"interrupted; {len(done)} of {of} (strategy, seed) runs{where}") from None
+    return done
+
+
+def _judge(config: CompareConfig, runs: dict[str, list[SeedRun]]) -> dict:
+    """The ``strategies`` entries of ``results.json``: every strategy's runs (per seed) against ``full``'s, and
+    against ``config.paired_against``'s image by image and seed by seed."""
     judge = QualityJudge.for_images(runs["full"][0].images, config)
     fid = {label: [paired_fidelity(s.tokens, f.tokens, s.images, f.images) for s, f in zip(seeds, runs["full"])]
            for label, seeds in runs.items()}
@@ -377,11 +396,7 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
                 entry["paired"] = paired_difference(fid[label], fid[config.paired_against], config.paired_against)
                 entry["paired"].update({k: v for k, v in seed_paired_difference(
                     entry["per_seed"], ref["per_seed"], config.paired_against).items() if k != "against"})
-    results = {"format": FORMAT, "version": VERSION, "command": command, "settings": config.to_dict(),
-               "machine": machine(), "model": model.config.name, "weights_sha256": sha, "speed_scope": SPEED_SCOPE,
-               "ranks": None if ranks is None else {"world_size": ranks.world_size, "spread": spread},
-               "unrelated_floor": unrelated_floor(runs["full"]), "strategies": strategies}
-    return CompareResult(results, runs)
+    return strategies
 
 
 def _rank_jobs(jobs: list, seeds, ranks: Ranks | None, spread: Spread = "seeds") -> list:
