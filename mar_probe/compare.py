@@ -75,6 +75,7 @@ from .quality.paired import PSNR_IDENTICAL, difference_bounds, interval, paired_
 FORMAT, VERSION = "mar_probe.compare", 1
 FIDELITY = ("token_mse", "token_cos", "psnr", "ssim")
 Spread = Literal["seeds", "runs"]  # how torchrun's ranks share the (seed, strategy) jobs: _rank_jobs
+SPREADS: tuple[str, ...] = get_args(Spread)
 
 
 @dataclass(frozen=True)
@@ -340,8 +341,8 @@ def compare(model, config: CompareConfig, vae=None, progress: bool = True, parti
     if image_shape(model, vae) == (28, 28, 1) and config.num_samples < 2:  # checked before anything is sampled
         raise ValueError(f"num_samples must be >= 2 for the Frechet distance of Fashion-MNIST images (a covariance "
                          f"of classifier features), got {config.num_samples!r}")
-    if spread not in get_args(Spread):
-        raise ValueError(f"unknown spread {spread!r}; expected one of {list(get_args(Spread))!r}")
+    if spread not in SPREADS:
+        raise ValueError(f"unknown spread {spread!r}; expected one of {SPREADS!r}")
     sha = weights_sha256(model)
     saved = _partial_runs(partial, config, sha, resume, ranks)
     jobs = [(seed, r) for seed in config.seeds for r in config.runs]
@@ -399,7 +400,7 @@ def _judge(config: CompareConfig, runs: dict[str, list[SeedRun]]) -> dict:
     return strategies
 
 
-def _rank_jobs(jobs: list, seeds, ranks: Ranks | None, spread: Spread = "seeds") -> list:
+def _rank_jobs(jobs: list, seeds, ranks: Ranks | None, spread: Spread) -> list:
     """This rank's (seed, run) jobs. ``seeds``: seed ``k`` of ``seeds`` goes to rank ``k mod WORLD_SIZE``, all
     strategies of a seed on one rank, so that each per-seed speed ratio compares runs of one process on one device.
     ``runs``: job ``k`` of ``jobs`` (seed-major) goes to rank ``k mod WORLD_SIZE``, which keeps every rank busy

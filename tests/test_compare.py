@@ -430,7 +430,7 @@ def test_rank_jobs_spread_by_seed_or_by_run(tiny):
         assert sorted(mine[spread, 0] + mine[spread, 1]) == sorted(jobs)
     assert _rank_jobs(jobs, (0, 1, 2), None, "runs") == jobs                    # one process: every job
     config = CompareConfig(runs=(), num_samples=2, seeds=(0,), num_iter=3, grid_images=0)
-    with pytest.raises(ValueError, match=r"unknown spread 'arms'; expected one of \['seeds', 'runs'\]"):
+    with pytest.raises(ValueError, match=r"unknown spread 'arms'; expected one of \('seeds', 'runs'\)"):
         compare(tiny, config, progress=False, spread="arms")
 
 
