@@ -30,7 +30,7 @@ average before and after, the command and the SHA-256 of both models' weights. T
 over ``full`` (filled) and over ``full-b`` (hollow, same arm on the same row), y the paired PSNR against ``full`` with
 its interval; lazymar's interval as a band and the goal's speed-ups as lines.
 
-Commands (the full-size run is hours on a CPU; the committed result ran in parts over three sessions, as below):
+Commands (the full-size run is hours on a CPU; the committed result ran in parts over several sessions, as below):
 
     # a GPU machine: both parts on the GPU (CUDA-synchronised component times)
     python benchmarks/bench_zoo.py --device cuda
@@ -46,7 +46,7 @@ Commands (the full-size run is hours on a CPU; the committed result ran in parts
     # ranks (run k of the seed-major list on rank k mod 2), the finished runs kept in the same --partial folder,
     # and rank 0 writes the gathered result; a single process and torchrun resume each other's folder
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 benchmarks/bench_zoo.py --part fidelity --threads 1 \
-        --partial benchmarks/results/zoo_b128_partial --resume
+        --partial runs/zoo_partial --resume
     # smoke run (the test's): perturbed mar_tiny for both parts, 2 images x seeds 0,1, 4 steps, 1 round (~6 s)
     OMP_NUM_THREADS=1 python benchmarks/bench_zoo.py --quick --threads 1 --out /tmp/zoo
 
@@ -68,16 +68,16 @@ committed timings on this CPU instead:
   training on the other core took more than twice the estimate (``seconds`` in ``zoo_speed.json``; ``full`` about twice
   its 2-thread time), so at one thread plan a session per speed round. On a GPU the same runs are seconds each:
   minutes in all (not measured: no GPU was available when this was written).
-* measured since on ``fashion_b128`` (the default since issue 14; the ``seconds`` each run keeps in
-  ``benchmarks/results/zoo_b128_partial/``, 2026-12-07, two torchrun ranks of one thread side by side, the test
-  suite beside them for the first hour): one seed of 70 images takes ~2.5 hours of one core, ``full`` ~1,150 s,
+* measured since on ``fashion_b128`` (the default since issue 14; the ``seconds`` of each (arm, seed) run, in
+  ``zoo.json``'s fidelity part under ``per_seed``, 2026-12-07, two torchrun ranks of one thread side by side, the
+  test suite beside them for the first hour): one seed of 70 images takes ~2.5 hours of one core, ``full`` ~1,150 s,
   ``disa`` ~1,015 (this model spends its time in the transformer, not the head), ``full-b`` ~795, ``fewer-steps``
   ~655, ``compose`` ~625, ``recap`` ~610, ``marche`` ~540, ``marche-adaptive`` ~530, ``marche-drift`` ~430,
   ``lazymar`` ~345, ``compose-bw-h5`` ~350, ``lazymar-b`` ~285, and ``marche-oracle`` ~675 in its own count but
   ~1,280 between its files (its reference pass is not counted). So the 3 seeds are ~4 hours on the 2 cores: two
-  sessions here, the finished runs kept between them in the committed folder
-  ``benchmarks/results/zoo_b128_partial/`` (``--partial benchmarks/results/zoo_b128_partial --resume``), which
-  goes once ``zoo.json`` is rewritten from it.
+  sessions here, the finished runs kept between them in a committed ``--partial`` folder
+  (``benchmarks/results/zoo_b128_partial/``, resumed with ``--resume`` and removed once ``zoo.json`` was written
+  from it; git history keeps it).
 """
 from __future__ import annotations
 

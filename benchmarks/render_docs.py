@@ -133,12 +133,14 @@ def interval_verdict(stat: dict, above: str, below: str, neither: str, *, what: 
 class CompareResults:
     """A committed ``results.json`` of ``mar-probe compare`` (or ``sweep``), read by the templates."""
 
-    def __init__(self, rel: str):
-        self.rel, self.path = rel, RESULTS / rel / "results.json"
-        if not self.path.is_file():
+    def __init__(self, rel: str, *, data: dict | None = None):
+        """``rel``: the run's folder under benchmarks/results/; ``data``: a compare result held inside another
+        committed file (the zoo's fidelity part), which ``rel`` then names."""
+        self.rel, self.path = rel, RESULTS / rel / ("results.json" if data is None else "")
+        if data is None and not self.path.is_file():
             raise FileNotFoundError(f"result file {str(self.path)!r} not found; expected a committed compare run "
                                     "under benchmarks/results/")
-        self.data = json.loads(self.path.read_text())
+        self.data = json.loads(self.path.read_text()) if data is None else data
         if self.data.get("format") != "mar_probe.compare":
             raise ValueError(f"{self.rel!r} is not a compare result (format {self.data.get('format')!r})")
 
@@ -316,6 +318,12 @@ class ZooResults:
         self.arms, self.settings = self.data["arms"], self.data["settings"]
         self.fidelity_settings = self.data["fidelity"]["results"]["settings"]
 
+    @property
+    def fidelity(self) -> CompareResults:
+        """The fidelity part as ``compare()`` wrote it (``fidelity.results``), for templates that cite compare
+        results (findings.md: the strategies' quality on the embedded default)."""
+        return CompareResults(self.rel, data=self.data["fidelity"]["results"])
+
     def table(self) -> str:
         import bench_zoo
         return bench_zoo.arm_table(self.arms)
@@ -349,6 +357,15 @@ class ZooResults:
         """A verdict read off the interval of a fidelity difference of ``label`` (:func:`interval_verdict`)."""
         return interval_verdict(self.arms[label]["fidelity"][key], above, below, neither,
                                 what=f"{self.rel!r}: {label!r} {key!r}")
+
+    def reuses_head(self, label: str) -> bool:
+        """Whether ``label`` reuses the diffusion head's output between steps (a head cache of interval > 1)."""
+        config = self.fidelity.entry(label)["config"]
+        return bool(config.get("head_cache")) and (config.get("head_interval") or 1) > 1
+
+    def speedup(self, label: str) -> float:
+        """``label``'s median end-to-end time ratio over ``full`` on the speed model."""
+        return float(self.arms[label]["speed"]["over_full"]["end_to_end"]["median"])
 
     def same_flops(self, part: str = "head") -> tuple[list[str], float, float]:
         """The arms (``full`` aside) that run ``full``'s steps and whose ``part`` does exactly ``full``'s FLOPs, and
