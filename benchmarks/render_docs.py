@@ -136,7 +136,8 @@ class CompareResults:
     def __init__(self, rel: str, *, data: dict | None = None):
         """``rel``: the run's folder under benchmarks/results/; ``data``: a compare result held inside another
         committed file (the zoo's fidelity part), which ``rel`` then names."""
-        self.rel, self.path = rel, RESULTS / rel / ("results.json" if data is None else "")
+        self.rel = rel
+        self.path = RESULTS / rel / "results.json" if data is None else RESULTS / rel
         if data is None and not self.path.is_file():
             raise FileNotFoundError(f"result file {str(self.path)!r} not found; expected a committed compare run "
                                     "under benchmarks/results/")

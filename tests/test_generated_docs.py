@@ -78,6 +78,23 @@ def test_verdicts_follow_the_interval_and_need_one(tmp_path, monkeypatch, psnr, 
         res.versus("m", "fidelity.psnr", "above", "below", "neither")
 
 
+def test_zoo_gives_its_fidelity_part_as_a_compare_result():
+    """findings.md cites the zoo's fidelity part as a compare result named by zoo.json; the head's reuse is read
+    from each arm's resolved config: lazymar's head cache (interval 7) reuses, full-b's (interval 1) and DiSA's
+    annealed head (no cache) do not."""
+    zoo = R.ZooResults()
+    fid = zoo.fidelity
+    assert fid.rel == "zoo.json" and fid.path == R.RESULTS / "zoo.json"
+    assert fid.n("lazymar") == zoo.images == 210
+    picked = zoo.arms["lazymar"]["fidelity"]["psnr"]  # the zoo's table keeps the interval of compare's statistic
+    assert {k: fid.entry("lazymar")["fidelity"]["psnr"][k] for k in picked} == picked
+    assert [zoo.reuses_head(a) for a in ("lazymar", "lazymar-b", "full-b", "disa", "marche")] == [
+        True, True, False, False, False]
+    assert zoo.speedup("full") == 1.0 and zoo.speedup("lazymar-b") > zoo.speedup("lazymar") > 1
+    with pytest.raises(ValueError, match=r"'zoo.json' is not a compare result \(format 'other'\)"):
+        R.CompareResults("zoo.json", data={"format": "other"})
+
+
 def _stage_file(tmp_path, monkeypatch, values: dict) -> "R.StageResults":
     """A training_stages.json of one quantity: ``values`` = {stage: (mean, lo, hi)}."""
     rows = [dict(stage=s, quantity="q", mean=m, lo=lo, hi=hi, n=10) for s, (m, lo, hi) in values.items()]
