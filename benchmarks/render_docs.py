@@ -35,6 +35,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import jinja2
 
@@ -305,6 +306,16 @@ class BenchResults:
         return "\n".join(lines)
 
 
+class FrechetSplit(NamedTuple):
+    """:meth:`ZooResults.frechet_split`: arms that reuse the head, those of them whose Fréchet distance is above
+    ``full``'s, the other arms above it, the other arms not above it, and the fastest of the last."""
+    reuse: list[str]
+    reuse_up: list[str]
+    other_up: list[str]
+    kept: list[str]
+    fastest_kept: str | None
+
+
 class ZooResults:
     """A committed ``benchmarks/bench_zoo.py`` result (``zoo.json``): its main table and goal verdict are written by
     the script's own :func:`bench_zoo.arm_table` and :func:`bench_zoo.goal_text`, so the page and ``zoo.md`` say
@@ -318,12 +329,8 @@ class ZooResults:
         self.data = json.loads(self.path.read_text())
         self.arms, self.settings = self.data["arms"], self.data["settings"]
         self.fidelity_settings = self.data["fidelity"]["results"]["settings"]
-
-    @property
-    def fidelity(self) -> CompareResults:
-        """The fidelity part as ``compare()`` wrote it (``fidelity.results``), for templates that cite compare
-        results (findings.md: the strategies' quality on the embedded default)."""
-        return CompareResults(self.rel, data=self.data["fidelity"]["results"])
+        # the fidelity part as compare() wrote it, for templates that cite compare results (findings.md)
+        self.fidelity = CompareResults(rel, data=self.data["fidelity"]["results"])
 
     def table(self) -> str:
         import bench_zoo
@@ -367,6 +374,22 @@ class ZooResults:
     def speedup(self, label: str) -> float:
         """``label``'s median end-to-end time ratio over ``full`` on the speed model."""
         return float(self.arms[label]["speed"]["over_full"]["end_to_end"]["median"])
+
+    def frechet_split(self) -> FrechetSplit:
+        """The arms (``full`` and ``full-b`` aside) split by whether they reuse the head (:meth:`reuses_head`) and
+        whether their Fréchet distance is above ``full``'s (the interval of the seed-by-seed difference above 0),
+        and the fastest arm (:meth:`speedup`) among those not above it."""
+        reuse, reuse_up, other_up, kept = [], [], [], []
+        for label in self.arms:
+            if label in ("full", "full-b"):
+                continue
+            up = self.versus(label, "frechet_vs_full", True, False, False)
+            if self.reuses_head(label):
+                reuse.append(label)
+                reuse_up += [label] if up else []
+            else:
+                (other_up if up else kept).append(label)
+        return FrechetSplit(reuse, reuse_up, other_up, kept, max(kept, key=self.speedup) if kept else None)
 
     def same_flops(self, part: str = "head") -> tuple[list[str], float, float]:
         """The arms (``full`` aside) that run ``full``'s steps and whose ``part`` does exactly ``full``'s FLOPs, and

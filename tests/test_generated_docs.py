@@ -91,6 +91,11 @@ def test_zoo_gives_its_fidelity_part_as_a_compare_result():
     assert [zoo.reuses_head(a) for a in ("lazymar", "lazymar-b", "full-b", "disa", "marche")] == [
         True, True, False, False, False]
     assert zoo.speedup("full") == 1.0 and zoo.speedup("lazymar-b") > zoo.speedup("lazymar") > 1
+    split = zoo.frechet_split()
+    assert set(split.reuse) == {a for a in zoo.arms if zoo.reuses_head(a)} and "lazymar" in split.reuse_up
+    fastest = split.fastest_kept
+    assert fastest in split.kept and all(zoo.speedup(a) <= zoo.speedup(fastest) for a in split.kept)
+    assert not set(split.kept) & set(split.other_up) and "full" not in split.kept + split.reuse
     with pytest.raises(ValueError, match=r"'zoo.json' is not a compare result \(format 'other'\)"):
         R.CompareResults("zoo.json", data={"format": "other"})
 
