@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device check (issue 16): on a machine with an NVIDIA GPU, in at most 8 minutes, run in order
-#   1. tests        the suite's CUDA-marked tests (python -m pytest -m cuda -q)
+#   1. tests        the suite's CUDA-marked tests (python -m pytest -m cuda -q -n 0: in one process, on the one device)
 #   2. generate     mar-probe generate --model mar_base (random weights) once per registered strategy, then
 #      strategies   benchmarks/bench_strategies.py: every strategy's speed-up over full (mar_base, few steps)
 #   3. record       benchmarks/bench_record.py --device cuda: recording throughput vs the disk's raw write speed
@@ -342,7 +342,7 @@ if selected machine; then
 fi
 
 if selected tests; then
-    run_step tests "$LIMIT_TESTS" "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider --junitxml "$OUT/logs/tests.xml"
+    run_step tests "$LIMIT_TESTS" "$PYTHON" -m pytest -m cuda -q -n 0 -p no:cacheprovider --junitxml "$OUT/logs/tests.xml"
 fi
 
 if selected generate; then

@@ -11,6 +11,11 @@ afterwards.
 
     python benchmarks/ship_rehearsal.py --candidate data/training/fashion_b128.pth --name ship_rehearsal_b128_p29
 
+Without ``--candidate`` the scratch tree is the committed tree as it is, so the file records what the README's test
+command costs on this machine (issue 14: the suite stays under 20 minutes on 2 cores):
+
+    python benchmarks/ship_rehearsal.py --name suite_time
+
 A suite that runs past ``--timeout`` seconds is stopped and recorded as timed out, with its elapsed time.
 ``DEFAULT_PRESET`` (what ``train`` and ``create_model()`` build by default) is left as it is: a candidate of another
 preset needs that line changed too. A candidate of the default's own file name (the next phase of the same model)
@@ -77,14 +82,27 @@ def _summary(cases: list[dict], slowest: int) -> dict:
             "slowest": [{"id": c["id"], "seconds": c["seconds"]} for c in ranked]}
 
 
-def rehearse(candidate: Path, commit: str, timeout: float, slowest: int) -> dict:
-    """Run the suite on ``commit`` (checked out in a scratch worktree) with ``candidate`` as the default."""
+def _addopts(tree: Path) -> str:
+    """The pytest options the tree's ``pyproject.toml`` adds to every run (how many worker processes, since the
+    suite runs in two: the README's command does not show them)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return "unknown (no tomllib before Python 3.11)"
+    config = tomllib.loads((tree / "pyproject.toml").read_text())
+    return config.get("tool", {}).get("pytest", {}).get("ini_options", {}).get("addopts", "")
+
+
+def rehearse(candidate: Path | None, commit: str, timeout: float, slowest: int) -> dict:
+    """Run the suite on ``commit`` (checked out in a scratch worktree) with ``candidate`` as the default (None: the
+    committed default)."""
     scratch = Path(tempfile.mkdtemp(prefix="ship_rehearsal_"))
     tree, junit = scratch / "tree", scratch / "junit.xml"
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
                    capture_output=True)
     try:
-        _switch_default(tree, candidate)
+        if candidate is not None:
+            _switch_default(tree, candidate)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
         start = time.perf_counter()
@@ -94,7 +112,8 @@ def rehearse(candidate: Path, commit: str, timeout: float, slowest: int) -> dict
         except subprocess.TimeoutExpired:
             returncode, tail = None, ""
         seconds = time.perf_counter() - start
-        record = {"seconds": seconds, "timed_out": returncode is None, "returncode": returncode, "output_tail": tail}
+        record = {"seconds": seconds, "timed_out": returncode is None, "returncode": returncode,
+                  "addopts": _addopts(tree), "output_tail": tail}
         cases = _cases(junit, strip=f"{tree}/") if junit.exists() else None
         return {**record, **(_summary(cases, slowest) if cases is not None else {})}
     finally:
@@ -104,21 +123,23 @@ def rehearse(candidate: Path, commit: str, timeout: float, slowest: int) -> dict
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--candidate", type=Path, required=True, help="the checkpoint that would become the default")
+    p.add_argument("--candidate", type=Path, default=None,
+                   help="the checkpoint that would become the default (none: time the committed tree's suite)")
     p.add_argument("--name", default="ship_rehearsal", help="result file benchmarks/results/NAME.json")
     p.add_argument("--timeout", type=float, default=3600.0, help="stop the suite after this many seconds")
     p.add_argument("--slowest", type=int, default=25, help="how many of the slowest tests to record")
     p.add_argument("--load", default="", help="what else ran on the machine meanwhile, stored with the result")
     args = p.parse_args(argv)
-    if not args.candidate.is_file():
+    if args.candidate is not None and not args.candidate.is_file():
         raise SystemExit(f"--candidate {str(args.candidate)!r} is not a file")
-    sha = file_sha256(args.candidate)
+    sha = file_sha256(args.candidate) if args.candidate is not None else None
     # resolved before the run: HEAD may move while the suite runs (the first rehearsal recorded a later commit)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True, capture_output=True,
                             check=True).stdout.strip()
-    result = rehearse(args.candidate.resolve(), commit, args.timeout, args.slowest)
+    result = rehearse(args.candidate and args.candidate.resolve(), commit, args.timeout, args.slowest)
     command = "python benchmarks/ship_rehearsal.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    path = write_result(args.name, {"command": command, "candidate": str(args.candidate), "candidate_sha256": sha,
+    candidate = str(args.candidate) if args.candidate is not None else None
+    path = write_result(args.name, {"command": command, "candidate": candidate, "candidate_sha256": sha,
                                     "commit": commit, "load": args.load, **result})
     print(f"{result.get('counts')} in {result['seconds']:.0f} s -> {path}")
 

@@ -214,3 +214,13 @@ def test_the_rehearsal_reads_outcomes_times_and_first_message_lines_from_the_jun
                                     "message": "assert 1 == 2 in data/m.pth"}]
     assert summary["slowest"] == [{"id": "tests.test_a::test_ok", "seconds": 1.5},
                                   {"id": "tests.test_a::test_bad", "seconds": 0.25}]
+
+
+def test_the_rehearsal_records_the_pytest_options_the_tree_adds_and_the_suite_runs_in_two_workers(tmp_path):
+    """Issue 14 (the suite under 20 minutes on 2 cores): the README's `python -m pytest -q` runs the files in two
+    worker processes through pyproject's addopts, which the rehearsal's file records since the command hides them."""
+    assert SR._addopts(ROOT) == "-ra -n 2 --dist loadfile"
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-x"\n')
+    assert SR._addopts(tmp_path) == "-x"
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    assert SR._addopts(tmp_path) == ""
