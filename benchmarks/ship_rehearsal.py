@@ -130,16 +130,17 @@ def main(argv=None) -> None:
     p.add_argument("--slowest", type=int, default=25, help="how many of the slowest tests to record")
     p.add_argument("--load", default="", help="what else ran on the machine meanwhile, stored with the result")
     args = p.parse_args(argv)
-    if args.candidate is not None and not args.candidate.is_file():
-        raise SystemExit(f"--candidate {str(args.candidate)!r} is not a file")
-    sha = file_sha256(args.candidate) if args.candidate is not None else None
+    candidate = args.candidate  # None: the committed tree's suite as it is
+    if candidate is not None and not candidate.is_file():
+        raise SystemExit(f"--candidate {str(candidate)!r} is not a file")
+    sha = file_sha256(candidate) if candidate is not None else None
     # resolved before the run: HEAD may move while the suite runs (the first rehearsal recorded a later commit)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True, capture_output=True,
                             check=True).stdout.strip()
-    result = rehearse(args.candidate and args.candidate.resolve(), commit, args.timeout, args.slowest)
+    result = rehearse(candidate.resolve() if candidate is not None else None, commit, args.timeout, args.slowest)
     command = "python benchmarks/ship_rehearsal.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    candidate = str(args.candidate) if args.candidate is not None else None
-    path = write_result(args.name, {"command": command, "candidate": candidate, "candidate_sha256": sha,
+    path = write_result(args.name, {"command": command, "candidate": str(candidate) if candidate is not None else None,
+                                    "candidate_sha256": sha,
                                     "commit": commit, "load": args.load, **result})
     print(f"{result.get('counts')} in {result['seconds']:.0f} s -> {path}")
 
