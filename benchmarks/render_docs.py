@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import difflib
+import functools
 import json
 import math
 import statistics
@@ -714,12 +715,28 @@ class TrainingCheckpoint:
                              f"iterations {[p.iterations for p in self.phases]!r}")
         return self.phases[n:]
 
+    @functools.cached_property
+    def weights_sha256(self) -> str:
+        """The SHA-256 of this checkpoint's EMA weights, as result files record the weights they scored."""
+        from mar_probe import load_model
+        from mar_probe.probe.record import weights_sha256
+        return weights_sha256(load_model(self.path))
+
+    def scored_file(self, pattern: str) -> str:
+        """The one result file matching ``pattern`` (a glob in ``benchmarks/results/``) that scored this checkpoint's
+        weights. The model card reads the shipped file's own scores this way, so shipping another phase of the
+        training line needs its scores committed, not their file names typed anew (issue 14)."""
+        found = sorted(p.name for p in RESULTS.glob(pattern)
+                       if json.loads(p.read_text()).get("weights_sha256") == self.weights_sha256)
+        if len(found) != 1:
+            raise ValueError(f"expected one result file matching {pattern!r} that scored {self.rel!r} (weights "
+                             f"{self.weights_sha256[:12]}…), found {found!r}")
+        return found[0]
+
     def check_scored(self, *files) -> str:
         """Refuse result files (dicts with ``weights_sha256``, or :class:`CompareResults`) that scored other weights
         than this checkpoint's EMA weights; returns an empty string, so a template can call it inline."""
-        from mar_probe import load_model
-        from mar_probe.probe.record import weights_sha256
-        sha = weights_sha256(load_model(self.path))
+        sha = self.weights_sha256
         for f in files:
             data = f.data if isinstance(f, CompareResults) else f
             if data.get("weights_sha256") != sha:

@@ -155,3 +155,23 @@ def test_a_move_between_distant_stages_is_named_when_no_neighbours_differ(tmp_pa
                                              "c": (1.3, 1.2, 1.4)})
     assert st.kind("q") == "moves"
     assert st.verdict("q") == "moves with training: up `a` to `c`"
+
+
+def test_the_model_card_finds_the_score_files_of_the_shipped_weights(tmp_path, monkeypatch):
+    """Issue 14: the card reads the score that scored the shipped file's weights, by the SHA-256 each result file
+    records, so the next phase ships with its own scores (or the card refuses to render), never a stale file name."""
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    for name, sha in (("s64_p27_t08.json", "a" * 64), ("s64_p28_t08.json", "b" * 64), ("s16_p28_t08.json", "b" * 64)):
+        (tmp_path / name).write_text(json.dumps({"weights_sha256": sha, "rows": []}))
+    ck = object.__new__(R.TrainingCheckpoint)                       # the file itself is not needed: its weights' SHA
+    ck.rel, ck.__dict__["weights_sha256"] = "data/m.pth", "b" * 64
+    assert ck.scored_file("s64_*_t08.json") == "s64_p28_t08.json"
+    assert ck.scored_file("s16_*_t08.json") == "s16_p28_t08.json"
+    ck.__dict__["weights_sha256"] = "c" * 64
+    with pytest.raises(ValueError, match=r"expected one result file matching 's64_\*_t08.json' that scored "
+                                         r"'data/m.pth' \(weights cccccccccccc…\), found \[\]"):
+        ck.scored_file("s64_*_t08.json")
+    (tmp_path / "s64_p27b_t08.json").write_text(json.dumps({"weights_sha256": "a" * 64}))
+    ck.__dict__["weights_sha256"] = "a" * 64
+    with pytest.raises(ValueError, match=r"found \['s64_p27_t08.json', 's64_p27b_t08.json'\]"):
+        ck.scored_file("s64_*_t08.json")
