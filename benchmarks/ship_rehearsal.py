@@ -105,15 +105,17 @@ def rehearse(candidate: Path | None, commit: str, timeout: float, slowest: int) 
             _switch_default(tree, candidate)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
-        start = time.perf_counter()
+        load_before, start = os.getloadavg(), time.perf_counter()
         try:
             done = subprocess.run(argv, cwd=tree, env=env, timeout=timeout, capture_output=True, text=True)
             returncode, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
         except subprocess.TimeoutExpired:
             returncode, tail = None, ""
         seconds = time.perf_counter() - start
+        # the load averages (1, 5, 15 min) say what else ran: the suite's time is only comparable on a quiet machine
         record = {"seconds": seconds, "timed_out": returncode is None, "returncode": returncode,
-                  "addopts": _addopts(tree), "output_tail": tail}
+                  "addopts": _addopts(tree), "load_before": load_before, "load_after": os.getloadavg(),
+                  "output_tail": tail}
         cases = _cases(junit, strip=f"{tree}/") if junit.exists() else None
         return {**record, **(_summary(cases, slowest) if cases is not None else {})}
     finally:
