@@ -457,6 +457,13 @@ def json_file(rel: str) -> dict:
     return json.loads(path.read_text())
 
 
+def weights_sha256_of(path: Path) -> str:
+    """The SHA-256 of a checkpoint's EMA weights, as result files record the weights they scored."""
+    from mar_probe import load_model
+    from mar_probe.probe.record import weights_sha256
+    return weights_sha256(load_model(path))
+
+
 class StageResults:
     """``training_stages.json`` (issue 14, item 4: the findings' headline measurements at several training stages),
     read by the templates: one table of every quantity per stage, and per quantity whether it moves with training.
@@ -474,6 +481,15 @@ class StageResults:
                              "trained stages")
         self.rows = {(r["stage"], r["quantity"]): r for r in self.data["rows"]}
         self.quantities = list(dict.fromkeys(r["quantity"] for r in self.data["rows"]))
+
+    def final_replaced(self) -> str | None:
+        """The SHA-256 of the last stage's weights when that stage is a file under ``data/`` that holds other weights
+        since (a later phase shipped), so a page can say the table ran on the earlier ones; else None."""
+        final = self.data["stages"][self.stages[-1]]
+        source = final.get("source", "")
+        if not source.startswith("data/") or weights_sha256_of(DATA / source[5:]) == final["weights_sha256"]:
+            return None
+        return final["weights_sha256"]
 
     def row(self, stage: str, quantity: str) -> dict:
         """The row of ``quantity`` at ``stage``: mean, lo, hi, n."""
@@ -718,9 +734,7 @@ class TrainingCheckpoint:
     @functools.cached_property
     def weights_sha256(self) -> str:
         """The SHA-256 of this checkpoint's EMA weights, as result files record the weights they scored."""
-        from mar_probe import load_model
-        from mar_probe.probe.record import weights_sha256
-        return weights_sha256(load_model(self.path))
+        return weights_sha256_of(self.path)
 
     def scored_file(self, pattern: str) -> str:
         """The one result file matching ``pattern`` (a glob in ``benchmarks/results/``) that scored this checkpoint's

@@ -175,3 +175,14 @@ def test_the_model_card_finds_the_score_files_of_the_shipped_weights(tmp_path, m
     ck.__dict__["weights_sha256"] = "a" * 64
     with pytest.raises(ValueError, match=r"found \['s64_p27_t08.json', 's64_p27b_t08.json'\]"):
         ck.scored_file("s64_*_t08.json")
+
+
+def test_the_stage_table_says_when_its_final_file_holds_other_weights_since(monkeypatch):
+    """The committed table's last stage names the shipped file: when a later phase has shipped into that file, the
+    page names the SHA the table ran on; while the file still holds those weights, it says nothing."""
+    st = R.StageResults()
+    final = st.data["stages"][st.stages[-1]]
+    monkeypatch.setattr(R, "weights_sha256_of", lambda path: final["weights_sha256"])
+    assert st.final_replaced() is None
+    monkeypatch.setattr(R, "weights_sha256_of", lambda path: "f" * 64)
+    assert st.final_replaced() == final["weights_sha256"] and final["source"] == "data/fashion_b128.pth"
