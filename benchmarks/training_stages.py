@@ -140,15 +140,20 @@ def compare_stage(stage: str, model, s: StageSettings) -> list[dict]:
 
 
 def earlier_rows(path: Path | None, name: str, source: dict, s: StageSettings) -> list[dict] | None:
-    """Stage ``name``'s rows in an earlier result file (``--reuse``) when it measured the same weights with the
-    same settings, else None. The ``out`` folder's cache dies with the machine; the committed file does not, so a
-    later session adds a stage (the next training phase) without measuring the committed ones again (issue 14)."""
+    """Rows of an earlier result file (``--reuse``) for the same weights measured with the same settings, under
+    stage ``name``, else None. The ``out`` folder's cache dies with the machine; the committed file does not, so a
+    later session adds a stage (the next training phase) without measuring the committed ones again (issue 14).
+    The weights are matched by their SHA-256 under whichever name and source the file gave them: when a later phase
+    ships, the file's ``final`` stage becomes a named phase (``git:REV:PATH``) and is reused as such."""
     if path is None:
         return None
     old = json.loads(path.read_text())
-    same = (old["stages"].get(name) == source
-            and old["settings"] == json.loads(json.dumps(s.__dict__)))
-    return [r for r in old["rows"] if r["stage"] == name] if same else None
+    if old["settings"] != json.loads(json.dumps(s.__dict__)):
+        return None
+    names = [n for n, src in old["stages"].items() if src["weights_sha256"] == source["weights_sha256"]]
+    if not names:
+        return None
+    return [{**r, "stage": name} for r in old["rows"] if r["stage"] == names[0]]
 
 
 def measure_stage(name: str, spec: str, out: Path, s: StageSettings,

@@ -213,7 +213,8 @@ def _add_compare(p):
                         "with an interval over all paired images (columns *_minus_ref)")
     p.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
     p.add_argument("--resume", action="store_true",
-                   help="reuse the (strategy, seed) runs an interrupted comparison saved in OUT/partial")
+                   help="reuse the (strategy, seed) runs an interrupted comparison saved in OUT/partial (the same "
+                        "settings; strategies and seeds may be added, a saved label keeps its options)")
 
 
 def _compare_config(args, runs, num_classes: int):

@@ -267,8 +267,12 @@ class PartialRuns:
     """The finished runs of an interrupted :func:`compare`: ``LABEL.seedS.npz`` beside ``config.json``.
 
     A new comparison (``resume=False``) empties the folder; a resumed one checks that ``config.json`` holds the
-    same settings and weights, so runs of another comparison are never mixed in. A resumed run keeps the
-    seconds measured by the process that ran it.
+    same settings and weights, so runs of another comparison are never mixed in. The strategies and seeds may
+    differ (a run depends on its own strategy and seed alone): a resumed comparison may add strategies (a screen's
+    next arms beside the ``full`` and reference runs it has already) or seeds (a screen confirmed on more), and
+    loads the saved runs of the labels it shares when their strategy and options are the same; a label whose
+    strategy or options changed is refused (it would load another strategy's runs). ``config.json`` then lists
+    every label whose runs the folder holds. A resumed run keeps the seconds measured by the process that ran it.
     """
 
     def __init__(self, folder, config: CompareConfig, weights_sha256: str, resume: bool):
@@ -277,17 +281,32 @@ class PartialRuns:
                                       default=_json_default))
         stamp = self.folder / "config.json"
         if resume and stamp.is_file():
-            have = json.loads(stamp.read_text())
-            if have != ident:
-                diff = sorted(k for k in set(have.get("settings", {})) | set(ident["settings"])
-                              if have.get("settings", {}).get(k) != ident["settings"].get(k))
-                raise ValueError(f"cannot resume from {str(self.folder)!r}: it holds runs of another comparison "
-                                 f"(settings that differ: {diff or ['weights_sha256']!r}); expected the same "
-                                 "settings and model, or run without --resume to start afresh")
+            ident = self._resumed_stamp(json.loads(stamp.read_text()), ident)
         elif self.folder.exists():
             shutil.rmtree(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps(ident, indent=1))
+
+    def _resumed_stamp(self, have: dict, ident: dict) -> dict:
+        """The stamp of a resumed comparison: ``ident`` with the runs of ``have`` it does not name, after checking
+        that the two share the weights and every setting but the strategies and seeds, and give a shared label the
+        same strategy and options."""
+        settings = have.get("settings", {})
+        diff = sorted(k for k in set(settings) | set(ident["settings"])
+                      if k not in ("runs", "seeds") and settings.get(k) != ident["settings"].get(k))
+        if diff or have.get("weights_sha256") != ident["weights_sha256"]:
+            raise ValueError(f"cannot resume from {str(self.folder)!r}: it holds runs of another comparison "
+                             f"(settings that differ: {diff or ['weights_sha256']!r}); expected the same "
+                             "settings and model, or run without --resume to start afresh")
+        new = {r["label"]: r for r in ident["settings"]["runs"]}
+        for run in settings.get("runs", []):
+            if run["label"] in new and new[run["label"]] != run:
+                raise ValueError(f"cannot resume from {str(self.folder)!r}: its runs labelled {run['label']!r} are "
+                                 f"{run['name']!r} with options {run['options']!r}, now {new[run['label']]['name']!r}"
+                                 f" with options {new[run['label']]['options']!r}; give the new arm another label, "
+                                 "or run without --resume to start afresh")
+        kept = [r for r in settings.get("runs", []) if r["label"] not in new]
+        return {**ident, "settings": {**ident["settings"], "runs": ident["settings"]["runs"] + kept}}
 
     def _path(self, label: str, seed: int) -> Path:
         return self.folder / f"{_file_label(label)}.seed{seed}.npz"

@@ -414,6 +414,36 @@ def test_compare_resume_reuses_saved_runs_and_refuses_another_comparison(tiny, t
     assert calls == ["full", "m", "full", "m"]
 
 
+def test_a_resumed_comparison_adds_strategies_and_seeds_and_refuses_a_changed_label(tiny, tmp_path, monkeypatch):
+    """A screen's next arms resume beside the saved full and reference runs: only the new arm runs, the shared
+    labels' runs load with their results unchanged, and the folder's stamp lists every label it holds; an added seed
+    runs that seed alone; a label whose options changed is refused, naming both."""
+    import mar_probe.compare as C
+    m = StrategyRun(label="m", name="marche", options=(("budget", 20),))
+    config = CompareConfig(runs=(m,), num_samples=2, seeds=(0,), num_iter=3, cfg=3.0, grid_images=0)
+    first = compare(tiny, config, progress=False, partial=tmp_path / "p")
+    calls = []
+    real = C.run_strategy
+    monkeypatch.setattr(C, "run_strategy", lambda *a, **k: calls.append(a[1].label) or real(*a, **k))
+    lz = StrategyRun(label="lz", name="lazymar")
+    added = compare(tiny, dataclasses.replace(config, runs=(lz,)), progress=False, partial=tmp_path / "p", resume=True)
+    assert calls == ["lz"]                                                      # full loaded, only the new arm ran
+    assert np.array_equal(added.runs["full"][0].tokens, first.runs["full"][0].tokens)
+    stamp = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert [r["label"] for r in stamp["settings"]["runs"]] == ["full", "lz", "m"]
+    calls.clear()
+    again = compare(tiny, config, progress=False, partial=tmp_path / "p", resume=True)   # m's runs are still there
+    assert calls == [] and again.results["strategies"]["m"] == first.results["strategies"]["m"]
+    calls.clear()
+    more = compare(tiny, dataclasses.replace(config, seeds=(0, 1)), progress=False, partial=tmp_path / "p",
+                   resume=True)                                                 # a seed added: only its runs run
+    assert calls == ["full", "m"] and np.array_equal(more.runs["m"][0].tokens, first.runs["m"][0].tokens)
+    changed = dataclasses.replace(config, runs=(StrategyRun(label="m", name="marche", options=(("budget", 8),)),))
+    with pytest.raises(ValueError, match=r"runs labelled 'm' are 'marche' with options \{'budget': 20\}, now "
+                                         r"'marche' with options \{'budget': 8\}; give the new arm another label"):
+        compare(tiny, changed, progress=False, partial=tmp_path / "p", resume=True)
+
+
 def test_rank_jobs_spread_by_seed_or_by_run(tiny):
     """torchrun's split of the (seed, strategy) jobs: by seed, every strategy of a seed on one rank (3 seeds on 2
     ranks: 6 jobs and 3); by run, job k on rank k mod 2 (5 and 4); either way the ranks' jobs are disjoint and

@@ -61,7 +61,7 @@ def test_reuse_takes_the_committed_rows_on_a_fresh_machine(stages, tmp_path):
                                   pd.read_csv(results / "training_stages.csv"))
 
 
-def test_reuse_refuses_other_weights_or_settings(stages):
+def test_reuse_matches_the_weights_under_any_name_and_refuses_other_weights_or_settings(stages):
     _, _, results = stages
     path = results / "training_stages.json"
     data = json.loads(path.read_text())
@@ -70,7 +70,9 @@ def test_reuse_refuses_other_weights_or_settings(stages):
     assert len(TS.earlier_rows(path, "init", source, s)) == QUANTITIES
     assert TS.earlier_rows(path, "init", {**source, "weights_sha256": "0" * 64}, s) is None
     assert TS.earlier_rows(path, "init", source, TS.StageSettings(**{**s.__dict__, "k": s.k + 1})) is None
-    assert TS.earlier_rows(path, "later", source, s) is None
+    renamed = TS.earlier_rows(path, "later", {**source, "source": "git:abc:elsewhere.pth"}, s)
+    assert [r["stage"] for r in renamed] == ["later"] * QUANTITIES  # the same weights under another name and source
+    assert [{**r, "stage": "init"} for r in renamed] == TS.earlier_rows(path, "init", source, s)
     assert TS.earlier_rows(None, "init", source, s) is None
 
 
