@@ -284,6 +284,13 @@ class BenchResults:
         return fmt(results[label][kind][part], spec)
 
 
+    def median_over(self, label: str, reference: str, part: str = "end_to_end") -> float:
+        """The median over rounds of ``reference``'s seconds over ``label``'s in the same round: the speed-up over
+        ``reference`` as the zoo reads it over ``full-b`` (the same runs, round by round)."""
+        per = self.data["results"]
+        return statistics.median(r / s for r, s in zip(per[reference]["seconds_per_round"][part],
+                                                      per[label]["seconds_per_round"][part]))
+
     def seconds(self, label: str, part: str = "end_to_end", spec: str = ".1f") -> str:
         """Best-round seconds of ``label`` for ``part``."""
         return fmt(self.data["results"][label]["seconds"][part], spec)
