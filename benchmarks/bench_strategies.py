@@ -22,12 +22,13 @@ import json
 import os
 import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from common import RESULTS, bench_parser, machine
+from common import RESULTS, bench_parser, command_line, machine
 from mar_probe import create_model, sample, strategies
 from mar_probe.compare import StrategyRun, parse_runs
 from mar_probe.models.checkpoints import resolve_device
@@ -182,7 +183,8 @@ def run_rounds(model, chosen: tuple, args, on_round=None, runs: dict | None = No
     return runs
 
 
-def main(argv=None):
+def parser():
+    """The command line (a function, so that tests can read a recorded command back into its settings)."""
     p = bench_parser(__doc__)
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES,
                    help=f"comma-separated NAME or LABEL=NAME, or 'all' for every registered one (default "
@@ -199,6 +201,12 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true", help="smoke run: mar_tiny, 4 steps, 5 diffusion steps")
     p.add_argument("--out", help="output folder (default: benchmarks/results)")
     p.add_argument("--progress", action="store_true")
+    return p
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = parser()
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds!r}")
@@ -228,8 +236,8 @@ def main(argv=None):
     ratios(results)
     settings = {k: getattr(args, k) for k in ("preset", "batch", "num_iter", "cfg", "num_sampling_steps", "seed",
                                               "rounds", "clock", "strategies", "strategy_opt", "device")}
-    payload = {"machine": machine(), "settings": settings, "load": {"before": before, "after": load_average()},
-               "results": results}
+    payload = {"machine": machine(), "command": command_line("bench_strategies.py", argv), "settings": settings,
+               "load": {"before": before, "after": load_average()}, "results": results}
     out = Path(args.out) if args.out else RESULTS
     out.mkdir(parents=True, exist_ok=True)
     stem = (f"strategies_{socket.gethostname()}" + ("_tiny" if args.tiny else "")

@@ -100,6 +100,7 @@ from mar_probe.models.checkpoints import create_perturbed_model, resolve_device
 from mar_probe.probe.record import weights_sha256
 from mar_probe.quality.paired import PSNR_IDENTICAL
 from mar_probe.strategies import Timer
+from mar_probe.strategies.head_schedule import HEAD_SCHEDULES
 
 PARTS = ("end_to_end", "transformer", "encoder", "decoder", "head")
 REFERENCE, AGAINST = "full-b", "lazymar"
@@ -403,6 +404,13 @@ def gap_note(gap: dict) -> str:
                    f"{s['transformer'] / b['over_full']:.2f}x the first budget.")
 
 
+def has_head_schedule(run: StrategyRun) -> bool:
+    """Whether the arm's head steps follow a schedule (DiSA's: ``disa``, ``lazymar-disa``, ``compose`` with a
+    ``head_schedule``), so that its paired images are new samples; asked of the strategy, not read from its name."""
+    built = strategies.create(run.name, **dict(run.options))
+    return isinstance(getattr(built, "schedule", None), tuple(HEAD_SCHEDULES.values()))
+
+
 def combine(arms, roles: dict, speed: dict, fidelity: dict) -> dict:
     """One row per arm: its strategy and options, speed, fidelity and the goal verdict (on the paired protocol)."""
     table, entries = speed["table"], fidelity["results"]["strategies"]
@@ -411,7 +419,7 @@ def combine(arms, roles: dict, speed: dict, fidelity: dict) -> dict:
     for run in arms:
         sp, fi = table[run.label], fidelity_row(run.label, entries[run.label], free.get(run.label))
         rows[run.label] = {"strategy": run.name, "options": dict(run.options), "role": roles[run.label],
-                           "head_schedule": run.name == "disa" or dict(run.options).get("head_schedule") is not None,
+                           "head_schedule": has_head_schedule(run),
                            "speed": sp, "fidelity": fi,
                            "goal": goal_verdict(sp["over_full"]["end_to_end"]["median"],
                                                 sp["over_full_b"]["end_to_end"]["median"], fi["psnr_vs_lazymar"])}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from mar_probe.machine import machine  # noqa: F401  (re-exported for the benchmarks)
@@ -19,6 +20,12 @@ def bench_parser(doc: str):
     p.add_argument("--cfg", type=float, default=3.0)
     p.add_argument("--num-sampling-steps", default="100")
     return p
+
+
+def command_line(script: str, argv) -> str:
+    """The command that ran ``benchmarks/<script>`` with ``argv``, quoted for a shell: what a result file records so
+    that the docs print the command that made it (not a copy typed beside it)."""
+    return shlex.join(["python", f"benchmarks/{script}", *argv])
 
 
 def result_path(name: str) -> Path:

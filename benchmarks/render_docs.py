@@ -32,6 +32,7 @@ import difflib
 import functools
 import json
 import math
+import shlex
 import statistics
 import sys
 from dataclasses import dataclass
@@ -274,6 +275,14 @@ class BenchResults:
         self.rel, self.path = rel, RESULTS / rel
         self.data = json.loads(self.path.read_text())
         self.settings, self.machine = self.data["settings"], self.data["machine"]
+
+    @property
+    def command(self) -> str:
+        """The command that made the file (recorded since issue 17's confirmation; older files have none)."""
+        if "command" not in self.data:
+            raise KeyError(f"{self.rel!r} records no command (written before bench_strategies.py recorded one); "
+                           f"the files that do: strategies_vm_batched.json and later")
+        return self.data["command"]
 
     def ratio(self, label: str, part: str = "end_to_end", kind: str = "speedup", spec: str = ".2f") -> str:
         """``kind`` (``speedup``: best round, ``speedup_median``, ``flop_ratio``) of ``label`` for ``part``
@@ -977,6 +986,25 @@ class Floor:
         return f"{self.mean:.{decimals}f} ± {self.std:.{decimals}f}"
 
 
+def shell_lines(command: str, width: int = 116) -> str:
+    """A recorded command line (``shlex``-quoted) broken between its words into lines of at most ``width``
+    characters joined by `` \\``, a flag kept beside its value: the same command, readable in a code block."""
+    words = shlex.split(command)
+    units = []                                          # a flag with its value, or a lone word, quoted again
+    for word in words:
+        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
+            units[-1] += " " + shlex.quote(word)
+        else:
+            units.append(shlex.quote(word))
+    lines = [units[0]]
+    for unit in units[1:]:
+        if len(lines[-1]) + 1 + len(unit) > width:
+            lines.append("  " + unit)
+        else:
+            lines[-1] += " " + unit
+    return " \\\n".join(lines)
+
+
 def count_text(n: int) -> str:
     """``10k`` for a whole number of thousands, else the number (``100``, ``250``)."""
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
@@ -1072,7 +1100,7 @@ def render(page: str) -> str:
                        screen_settings=screen_settings, screen_seeds=screen_seeds, interval_text=interval_text,
                        interval_verdict=interval_verdict, apart=apart)
     # for map(): cands | map(attribute=...) | map("fmt", ".3f")
-    env.filters.update(fmt=fmt, preset=preset, count_text=count_text, sci=sci)
+    env.filters.update(fmt=fmt, preset=preset, count_text=count_text, sci=sci, shell_lines=shell_lines)
     if page not in PAGE_TEMPLATES:
         raise KeyError(f"no template is known for page {page!r}; expected one of {sorted(PAGE_TEMPLATES)!r}")
     template = PAGE_TEMPLATES[page]

@@ -405,8 +405,8 @@ def _add_tune(p):
             action.default, action.help = 8, "images per seed (default: 8)"
         if action.dest == "seed":
             action.help = "seed of a random-weight preset's weights (default: 0); the runs use the seeds below"
-    p.add_argument("--family", required=True, help="the strategy to tune: marche, lazymar, disa, compose, ... or "
-                   "marche-drift (online: the drift threshold of MARche's per-step refresh)")
+    p.add_argument("--family", required=True, help="the strategy to tune: marche, lazymar, disa, compose, "
+                   "lazymar-disa, ... or marche-drift (online: the drift threshold of MARche's per-step refresh)")
     p.add_argument("--target", required=True, metavar="METRIC>=V|METRIC<=V",
                    help="fidelity against full: psnr>=V, ssim>=V, token_cos>=V or token_mse<=V (e.g. psnr>=30)")
     p.add_argument("--statistic", default="mean", help="what must meet the target: mean (over images, default) or "

@@ -94,6 +94,11 @@ KNOBS: dict[str, dict[str, Knob]] = {
     "compose": {"head_interval": Knob(faster="higher", grid=(1, 3, 5, 7, 10)),
                 "condition_warmup": Knob(faster="lower")},
     "disa": {"upper": Knob(faster="lower", grid=(10, 20, 30, 50)), "lower": Knob(faster="lower", grid=(2, 3, 5))},
+    # issue 17's screen varied these two around the named composition (refresh 9 / 16, upper 25 / 50)
+    "lazymar-disa": {"refresh_interval": Knob(faster="higher", grid=(9, 12, 16, 20)),
+                     "upper": Knob(faster="lower", grid=(15, 25, 35, 50)),
+                     "head_interval": Knob(faster="higher"), "warmup_steps": Knob(faster="lower"),
+                     "lower": Knob(faster="lower")},
     "fewer-steps": {"num_iter": Knob(faster="lower")},
 }
 

@@ -5,7 +5,8 @@ protocol, and refuses a malformed setting with the form it expects; time_study.p
 and a candidate (issue 14: the study must still take about a minute on the new default) and takes their ratio;
 compare_training_runs.py pairs two runs of one seed iteration by iteration (issue 14, phase 22's rate A/B) and refuses
 runs that do not share their draws; ship_rehearsal.py switches a scratch tree's default to the candidate (issue 14:
-every test must pass on the new default) and reads the suite's JUnit report."""
+every test must pass on the new default) and reads the suite's JUnit report; bench_strategies.py records the command
+that ran it (the docs print it from the file)."""
 import argparse
 import json
 import sys
@@ -18,6 +19,7 @@ import mar_probe.machine as M
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_strategies as BS  # noqa: E402
 import bench_train as BT  # noqa: E402
 import compare_training_runs as CT  # noqa: E402
 import screen_sampling as SS  # noqa: E402
@@ -224,3 +226,15 @@ def test_the_rehearsal_records_the_pytest_options_the_tree_adds_and_the_suite_ru
     assert SR._addopts(tmp_path) == "-x"
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     assert SR._addopts(tmp_path) == ""
+
+
+def test_a_speed_run_records_its_command_which_parses_back_into_its_settings(tmp_path):
+    import shlex
+    argv = ["--tiny", "--rounds", "1", "--threads", "1", "--strategies", "b=lazymar", "--strategy-opt",
+            "b.head_interval=2", "--tag", "t", "--out", str(tmp_path)]
+    BS.main(argv)
+    data = json.loads(next(tmp_path.glob("strategies_*_tiny_t.json")).read_text())
+    assert data["command"] == shlex.join(["python", "benchmarks/bench_strategies.py", *argv])
+    args = BS.parser().parse_args(shlex.split(data["command"])[2:])
+    assert args.strategy_opt == data["settings"]["strategy_opt"] == ["b.head_interval=2"]
+    assert data["results"]["b"]["strategy"]["head_interval"] == 2

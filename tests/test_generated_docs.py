@@ -186,3 +186,34 @@ def test_the_stage_table_says_when_its_final_file_holds_other_weights_since(monk
     assert st.final_replaced() is None
     monkeypatch.setattr(R, "weights_sha256_of", lambda path: "f" * 64)
     assert st.final_replaced() == final["weights_sha256"] and final["source"] == "data/fashion_b128.pth"
+
+
+def test_speed_commands_are_the_recorded_ones_and_read_back_into_their_settings():
+    """bench_strategies.py records its command; the pages print it broken into lines (shell_lines), and parsed by the
+    script's own parser it gives the settings the file records (so a command typed beside a result cannot drift)."""
+    import shlex
+
+    import bench_strategies as BS
+    for path in sorted(R.RESULTS.glob("strategies_*.json")):
+        bench = R.BenchResults(path.name)
+        if "command" not in bench.data:
+            with pytest.raises(KeyError, match=rf"{path.name!r} records no command"):
+                bench.command  # noqa: B018
+            continue
+        argv = shlex.split(bench.command)
+        assert argv[:2] == ["python", "benchmarks/bench_strategies.py"], path.name
+        args = BS.parser().parse_args(argv[2:])
+        assert {k: getattr(args, k) for k in bench.settings} == bench.settings, path.name
+        shown = R.shell_lines(bench.command)
+        assert shlex.split(shown.replace(" \\\n", " ")) == argv
+        lines = shown.removesuffix(" \\").split(" \\\n")
+        assert all(len(line) <= 116 or len(shlex.split(line)) <= 2 for line in lines)    # longer: one flag's value
+    assert "--tag frontier_b128_confirm " in R.BenchResults("strategies_vm_frontier_b128_confirm.json").command
+
+
+def test_shell_lines_keep_a_flag_beside_its_value_and_quote_again():
+    text = R.shell_lines("python x.py --a 1 --opt 'k=v;w=2' " + " ".join(f"--flag-{i} {i}" for i in range(20)),
+                         width=40)
+    lines = text.split(" \\\n")
+    assert lines[0] == "python x.py --a 1 --opt 'k=v;w=2'" and all(len(line) <= 40 for line in lines)
+    assert all(line.startswith("  --flag-") for line in lines[1:])

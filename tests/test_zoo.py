@@ -45,7 +45,8 @@ def test_every_registered_strategy_and_the_compositions_are_arms(zoo):
         assert nf["psnr"]["n"] == 4 and (label == "full") == (nf["psnr_vs_lazymar"] is None)
     assert arms["lazymar"]["fidelity"]["noise_free"]["psnr_vs_lazymar"]["mean"] == 0
     assert arms["lazymar"]["fidelity"]["psnr_vs_lazymar"]["mean"] == 0
-    assert arms["disa"]["head_schedule"] and not arms["lazymar"]["head_schedule"]
+    assert arms["disa"]["head_schedule"] and arms["lazymar-disa"]["head_schedule"]
+    assert not arms["lazymar"]["head_schedule"] and not arms["recap"]["head_schedule"]     # recap: its own method
     # head-step schedules are paired by a noise stream per step (the default), and the page says so
     assert fid["settings"]["rng"] == "stepwise" and "rng `stepwise`" in md
     assert "samples with `rng=stepwise`" in md and "new samples" not in md

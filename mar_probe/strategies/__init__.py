@@ -108,7 +108,7 @@ def _convert(key: str, type_name: str, text: str):
 
 register("full")(FullStrategy)
 
-from . import adaptive, compose, disa, fewer_steps, lazymar, marche, recap  # noqa: E402,F401  (register the built-in strategies)
+from . import adaptive, compose, disa, fewer_steps, lazymar, lazymar_disa, marche, recap  # noqa: E402,F401  (register the built-in strategies)
 
 __all__ = ["FullStrategy", "StepPlan", "Strategy", "Timer", "available", "create", "describe", "options",
            "parse_options", "register"]

@@ -147,7 +147,7 @@ class ComposeStrategy(Strategy):
     Config = ComposeConfig
 
     def __init__(self, **options):
-        self.config = c = ComposeConfig(**options)
+        self.config = self.composition = c = ComposeConfig(**options)   # a named composition keeps its own config
         self.tokens = create(c.tokens, **c.token_options()).token_policy()
         if type(self.tokens).hidden is Strategy.hidden:
             raise ValueError(f"compose tokens={c.tokens!r} does not expose its decoder hidden state; expected a "
@@ -164,7 +164,7 @@ class ComposeStrategy(Strategy):
         return {"token_opts": dict(exact), "head_interval": 1}
 
     def to_dict(self) -> dict:
-        unused = HEAD_SIDE_OPTIONS.get(self.config.tokens, ())       # the policy's own head, never called
+        unused = HEAD_SIDE_OPTIONS.get(self.composition.tokens, ())       # the policy's own head, never called
         policy = {k: v for k, v in self.tokens.to_dict().items() if k not in unused}
         out = dict(super().to_dict(), token_strategy=policy)
         if self.schedule is not None:
