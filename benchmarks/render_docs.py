@@ -474,7 +474,17 @@ def json_file(rel: str) -> dict:
 
 
 def weights_sha256_of(path: Path) -> str:
-    """The SHA-256 of a checkpoint's EMA weights, as result files record the weights they scored."""
+    """The SHA-256 of a checkpoint's EMA weights, as result files record the weights they scored; one load per file
+    version in a render (the model card and the stage table both ask for the shipped file's)."""
+    resolved = Path(path).resolve()
+    stat = resolved.stat()
+    return _weights_sha256_of(resolved, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _weights_sha256_of(path: Path, mtime_ns: int, size: int) -> str:
+    """:func:`weights_sha256_of` of one file version (its modification time and size in the key: a file replaced
+    since is hashed again)."""
     from mar_probe import load_model
     from mar_probe.probe.record import weights_sha256
     return weights_sha256(load_model(path))

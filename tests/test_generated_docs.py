@@ -217,3 +217,19 @@ def test_shell_lines_keep_a_flag_beside_its_value_and_quote_again():
     lines = text.split(" \\\n")
     assert lines[0] == "python x.py --a 1 --opt 'k=v;w=2'" and all(len(line) <= 40 for line in lines)
     assert all(line.startswith("  --flag-") for line in lines[1:])
+
+
+def test_a_checkpoints_weights_are_hashed_once_per_file_version(tmp_path, monkeypatch):
+    """The model card and the stage table both ask for the shipped file's weights: one load per render, again after
+    the file is replaced."""
+    import mar_probe
+    from mar_probe.probe.record import weights_sha256
+    tiny, loads = mar_probe.create_model("mar_tiny"), []
+    monkeypatch.setattr(mar_probe, "load_model", lambda path: loads.append(path) or tiny)
+    weights = tmp_path / "w.pth"
+    weights.write_bytes(b"a")
+    assert R.weights_sha256_of(weights) == R.weights_sha256_of(str(weights)) == weights_sha256(tiny)
+    assert len(loads) == 1
+    weights.write_bytes(b"bb")                                    # a new version of the file
+    R.weights_sha256_of(weights)
+    assert len(loads) == 2
