@@ -113,6 +113,12 @@ def test_unknown_strategy_and_option_list_valid_ones():
         mar_probe.sample(mar_probe.create_model("mar_tiny").eval(), [0], num_iter=2, strategy="nope")
 
 
+def test_listed_defaults_are_values_also_where_a_factory_makes_them():
+    assert strategies.options("compose")["token_opts"] == ("dict | str", {})
+    listing = "; ".join(strategies.describe(n) for n in strategies.available())
+    assert "token_opts: dict | str = {}" in listing and "MISSING" not in listing
+
+
 @pytest.mark.parametrize("name, options, match", [
     ("marche", dict(refresh_period=0), "refresh_period must be a positive integer, got 0"),
     ("marche", dict(budget=0), "budget must be a positive integer"),

@@ -37,12 +37,20 @@ def options(name: str) -> dict[str, tuple[str, object]]:
     cfg = getattr(factory, "Config", None)
     if cfg is not None and dataclasses.is_dataclass(cfg):
         hints = typing.get_type_hints(cfg)
-        return {f.name: (_type_name(hints[f.name]), f.default) for f in dataclasses.fields(cfg)}
+        return {f.name: (_type_name(hints[f.name]), _default(f)) for f in dataclasses.fields(cfg)}
     out = {}
     for p in inspect.signature(factory).parameters.values():
         ann = p.annotation if p.annotation is not inspect.Parameter.empty else "object"
         out[p.name] = (str(ann), None if p.default is inspect.Parameter.empty else p.default)
     return out
+
+
+def _default(field: dataclasses.Field):
+    """A config field's default, made by its factory where it has one (``compose``'s ``token_opts``: ``{}``), so
+    that listings show a value, not dataclasses' MISSING sentinel."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
 
 
 def describe(name: str) -> str:
