@@ -40,7 +40,9 @@ Commands (the full-size run is hours on a CPU; the committed result ran in parts
     # stopped run keeps its finished rounds), then the fidelity part, which reads it and writes zoo.{json,md,png}
     python benchmarks/bench_zoo.py --part speed --threads 1
     python benchmarks/bench_zoo.py --part fidelity --threads 2 --partial runs/zoo_partial
-    # more speed rounds later: --resume keeps the speed file's rounds and measures up to --rounds
+    # more speed rounds later: --resume keeps the speed file's rounds and measures up to --rounds; arms the file
+    # lacks (a strategy registered since, an extra) are added in rounds of their own beside full and full-b, whose
+    # seconds there give their ratios (marked in the table), the first rounds kept as they were
     python benchmarks/bench_zoo.py --part speed --threads 1 --resume
     # the fidelity part over 2 processes (torchrun, one thread each): the (seed, arm) runs are spread over the
     # ranks (run k of the seed-major list on rank k mod 2), the finished runs kept in the same --partial folder,
@@ -208,32 +210,81 @@ def measure_speed(model, arms, args, on_round=None, previous: dict | None = None
     return speed_result(model, runs, started, before)
 
 
-def write_speed(path: Path, arms, args, command: str, result: dict) -> None:
+def speed_group(arms, args, command: str, result: dict) -> dict:
+    """One measurement of the speed part (its rounds interleave these arms): the machine, command, settings, arms
+    and the result with every round's raw runs."""
+    return {"machine": machine(), "command": command, "arms": [arm_record(r) for r in arms],
+            "settings": {k: getattr(args, k) for k in SPEED_SETTINGS}, **result}
+
+
+def write_speed(path: Path, arms, args, command: str, result: dict, added: list | None = None) -> None:
     """The speed part on its own (``--part speed``; rewritten after every round, so that a stopped run keeps its
-    finished rounds): the machine, command, settings, arms and the result with every round's raw runs."""
-    payload = {"machine": machine(), "command": command, "arms": [arm_record(r) for r in arms],
-               "settings": {k: getattr(args, k) for k in SPEED_SETTINGS}, **result}
+    finished rounds): the first measurement (:func:`speed_group`) and, under ``added``, the groups measured later
+    for arms it lacks (:func:`add_arms`)."""
+    payload = speed_group(arms, args, command, result)
+    _write_json(path, dict(payload, added=added) if added else payload)
+
+
+def _write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=_json_default))
     tmp.replace(path)                                                   # never a half-written file
 
 
-def read_speed(path: Path, arms) -> dict:
-    """A speed file written by ``--part speed`` for these arms, or ValueError naming what differs."""
+def _groups(data: dict) -> list[dict]:
+    """The speed file's measurements: the first, then the added groups."""
+    return [data] + list(data.get("added", []))
+
+
+def measured_arms(data: dict) -> dict[str, tuple[dict, int]]:
+    """Per label the arm record and the index of the group whose rounds give its ratios (0: the first; the
+    references ``full`` and ``full-b`` of every group are the first group's)."""
+    out: dict = {}
+    for k, group in enumerate(_groups(data)):
+        for record in group["arms"]:
+            out.setdefault(record["label"], (record, k))
+    return out
+
+
+def arm_differences(data: dict, arms) -> tuple[list, list, list]:
+    """Labels of ``arms`` the speed file measured with other options (changed), did not measure (missing), and
+    labels it measured that are not among ``arms`` (extra)."""
+    have, want = measured_arms(data), [arm_record(r) for r in arms]
+    changed = [a["label"] for a in want if a["label"] in have and have[a["label"]][0] != a]
+    missing = [a["label"] for a in want if a["label"] not in have]
+    extra = [label for label in have if label not in {a["label"] for a in want}]
+    return changed, missing, extra
+
+
+def _load_speed(path: Path) -> dict:
     if not path.is_file():
         raise ValueError(f"speed file {str(path)!r} not found; expected the output of --part speed")
-    data = json.loads(path.read_text())
-    want, got = [arm_record(r) for r in arms], data.get("arms")
-    if got != want:
-        missing = [a["label"] for a in want if a not in (got or [])]
-        extra = [a["label"] for a in got or [] if a not in want]
-        raise ValueError(f"speed file {str(path)!r} measured other arms: missing or changed {missing!r}, "
-                         f"not asked for {extra!r}; rerun --part speed with the same arms")
-    if data.get("rounds_done", 0) < 1:
-        raise ValueError(f"speed file {str(path)!r} has no finished round (rounds_done="
-                         f"{data.get('rounds_done')!r}); expected >= 1")
-    return data
+    return json.loads(path.read_text())
+
+
+def _check_rounds(path: Path, data: dict) -> None:
+    for k, group in enumerate(_groups(data)):
+        if group.get("rounds_done", 0) < 1:
+            raise ValueError(f"speed file {str(path)!r} has no finished round (rounds_done="
+                             f"{group.get('rounds_done')!r}{f' in added group {k}' if k else ''}); expected >= 1")
+
+
+def read_speed(path: Path, arms) -> dict:
+    """A speed file written by ``--part speed`` for these arms, its added groups' rows merged into ``table``
+    (each arm's ratios from the rounds it ran in), or ValueError naming what differs."""
+    data = _load_speed(path)
+    changed, missing, extra = arm_differences(data, arms)
+    if changed or missing or extra:
+        raise ValueError(f"speed file {str(path)!r} measured other arms: missing or changed {changed + missing!r}, "
+                         f"not asked for {extra!r}; rerun --part speed with the same arms (arms it lacks, none "
+                         f"changed: add them with --part speed --resume)")
+    _check_rounds(path, data)
+    groups, table = _groups(data), dict(data["table"])
+    for label, (_, k) in measured_arms(data).items():
+        if k:                                                           # an arm of an added group
+            table[label] = groups[k]["table"][label]
+    return {**data, "table": table}
 
 
 def perturbed_tiny(seed: int = 1, scale: float = 0.05, **overrides):
@@ -415,11 +466,12 @@ def combine(arms, roles: dict, speed: dict, fidelity: dict) -> dict:
     """One row per arm: its strategy and options, speed, fidelity and the goal verdict (on the paired protocol)."""
     table, entries = speed["table"], fidelity["results"]["strategies"]
     free = (fidelity.get("noise_free") or {}).get("rows", {})
+    groups = {label: k for label, (_, k) in measured_arms(speed).items()}
     rows = {}
     for run in arms:
         sp, fi = table[run.label], fidelity_row(run.label, entries[run.label], free.get(run.label))
         rows[run.label] = {"strategy": run.name, "options": dict(run.options), "role": roles[run.label],
-                           "head_schedule": has_head_schedule(run),
+                           "head_schedule": has_head_schedule(run), "speed_group": groups[run.label],
                            "speed": sp, "fidelity": fi,
                            "goal": goal_verdict(sp["over_full"]["end_to_end"]["median"],
                                                 sp["over_full_b"]["end_to_end"]["median"], fi["psnr_vs_lazymar"])}
@@ -458,6 +510,21 @@ def _separate_speed(payload: dict) -> str:
     return (f" The speed part ran on its own: `{sp['command']}` on {m['cpu']} ({m['cores']} cores, "
             f"{m['torch_threads']} torch threads), {m['date']}; load average before {_load(load['before'])}, "
             f"after {_load(load['after'])}; {sp['seconds']:.0f} s.")
+
+
+def _added_speed(payload: dict) -> str:
+    """The arms whose speed ran later in rounds of their own (``†`` in the table), and each group's run."""
+    notes = []
+    for group in payload["speed"].get("added", []):
+        new = [a["label"] for a in group["arms"] if a["label"] not in ("full", REFERENCE)]
+        m = group["machine"]
+        notes.append(", ".join(f"`{k}`" for k in new) + f" (`{group['command']}`, {group['rounds_done']} "
+                     f"round(s), {m['cpu']}, {m['torch_threads']} torch threads, {m['date']})")
+    if not notes:
+        return ""
+    return (f" Arms marked † were added to the speed part later, in rounds of their own that interleave them with "
+            f"`full` and `{REFERENCE}` (their ratios are over those rounds' `full` and `{REFERENCE}`): "
+            + "; ".join(notes) + ".")
 
 
 def _schedule_note(sched: list, rng: str, free: bool) -> str:
@@ -503,7 +570,8 @@ def arm_table(rows: dict) -> str:
         e2e, e2eb = sp["over_full"]["end_to_end"], sp["over_full_b"]["end_to_end"]
         nf = f" {_iv((fi.get('noise_free') or {}).get('psnr_vs_lazymar'))} |" if free else ""
         lines.append(
-            f"| `{label}` | {e2e['median']:.2f}x [{e2e['min']:.2f}, {e2e['max']:.2f}] | "
+            f"| `{label}`{' †' if r.get('speed_group') else ''} | {e2e['median']:.2f}x [{e2e['min']:.2f}, "
+            f"{e2e['max']:.2f}] | "
             f"{e2eb['median']:.2f}x [{e2eb['min']:.2f}, {e2eb['max']:.2f}] | "
             f"{_x(sp['flop_ratio_over_full']['end_to_end'])} | {_x(sp['flop_ratio_over_full_b']['end_to_end'])} | "
             f"{sp['over_full']['transformer']['median']:.2f}x | {sp['over_full']['head']['median']:.2f}x | "
@@ -548,7 +616,7 @@ def markdown(payload: dict) -> str:
         f"{payload['speed']['rounds_done']} round(s), "
         f"arms interleaved (odd rounds reversed), {s['clock']} clock. Time ratios: the median over rounds of "
         f"`full`'s (or `full-b`'s) seconds in the same round over the arm's, [min, max] over rounds."
-        + _separate_speed(payload), "",
+        + _separate_speed(payload) + _added_speed(payload), "",
         f"Fidelity: `{payload['fidelity']['results']['model']}` (SHA-256 `{sha['fidelity']}`), {fs['num_samples']} "
         f"images x seeds {fs['seeds']}, {fs['num_iter']} steps, CFG {fs['cfg']} ({fs['cfg_schedule']}), temperature "
         f"{fs['temperature']}, rng `{fs['rng']}`; PSNR against `full` image by image, its difference to "
@@ -785,25 +853,64 @@ def speed_part(p, arms, args, device, command: str, speed_file: Path) -> dict:
 
     model = speed_model(args).to(device).eval()
     previous = resumed_speed(p, arms, args, speed_file, model) if args.resume else None
-    if previous is not None and previous["rounds_done"] >= args.rounds:
-        return previous                                                 # every round asked for is done
-
-    def save(result):
-        write_speed(speed_file, arms, args, command, result)
-    measure_speed(model, arms, args, on_round=save, previous=previous)
+    first = arms if previous is None else _runs(previous["arms"])          # the first group keeps its own arms
+    added = [] if previous is None else list(previous.get("added", []))
+    if previous is None or previous["rounds_done"] < args.rounds:
+        def save(result):
+            write_speed(speed_file, first, args, command, result, added)
+        measure_speed(model, first, args, on_round=save, previous=previous)
+        previous = _load_speed(speed_file)
+    while _unfinished_group(previous, args) or arm_differences(previous, arms)[1]:
+        add_arms(model, arms, args, command, speed_file)
+        previous = _load_speed(speed_file)
     return read_speed(speed_file, arms)
 
 
+def _unfinished_group(data: dict, args) -> dict | None:
+    """The last added group when it stopped before ``args.rounds`` rounds."""
+    added = data.get("added", [])
+    return added[-1] if added and added[-1]["rounds_done"] < args.rounds else None
+
+
+def _runs(records) -> tuple[StrategyRun, ...]:
+    return tuple(StrategyRun(label=a["label"], name=a["name"], options=tuple(a["options"].items())) for a in records)
+
+
+def add_arms(model, arms, args, command: str, speed_file: Path) -> None:
+    """Arms the speed file lacks (a strategy registered since, an extra), measured as a group of their own:
+    ``args.rounds`` rounds interleaving them with ``full`` and ``full-b``, whose seconds in the same round give their
+    ratios, as in the first group. A stopped group is continued; the first group's rounds are left as they were."""
+    data = _load_speed(speed_file)
+    added, previous = list(data.get("added", [])), _unfinished_group(data, args)
+    if previous is not None:                                            # continued from its next round
+        group = _runs(added.pop()["arms"])
+    else:
+        missing, by_label = set(arm_differences(data, arms)[1]), {r.label: r for r in arms}
+        group = (by_label["full"], by_label[REFERENCE], *(r for r in arms if r.label in missing))
+    print(f"adding {len(group) - 2} arm(s) to {str(speed_file)!r} beside full and {REFERENCE}: "
+          + ", ".join(r.label for r in group[2:]), flush=True)
+
+    def save(result):                                    # the first group and the earlier added ones as they were
+        _write_json(speed_file, dict(data, added=added + [speed_group(group, args, command, result)]))
+    measure_speed(model, group, args, on_round=save, previous=previous)
+
+
 def resumed_speed(p, arms, args, speed_file: Path, model) -> dict | None:
-    """The speed file to continue (``--resume``): None when there is none yet; ``p.error`` when it measured other
-    arms, settings (all of :data:`SPEED_SETTINGS` but ``rounds`` must agree, so that its rounds and the next ones
-    are one measurement) or weights than ``model``'s."""
+    """The speed file to continue (``--resume``): None when there is none yet; ``p.error`` when it measured arms
+    with other options or arms not asked for (arms it lacks are added: :func:`add_arms`), other settings (all of
+    :data:`SPEED_SETTINGS` but ``rounds`` must agree, so that its rounds and the next ones are one measurement) or
+    weights than ``model``'s."""
     if not speed_file.is_file():
         return None
     try:
-        previous = read_speed(speed_file, arms)
+        previous = _load_speed(speed_file)
+        _check_rounds(speed_file, previous)
     except ValueError as exc:
         p.error(f"--resume: {exc}")
+    changed, _, extra = arm_differences(previous, arms)
+    if changed or extra:
+        p.error(f"--resume: speed file {str(speed_file)!r} measured other arms: changed {changed!r}, not asked for "
+                f"{extra!r}; rerun --part speed without --resume (only arms it lacks can be added)")
     differ = {k: (previous["settings"].get(k), getattr(args, k)) for k in SPEED_SETTINGS
               if k != "rounds" and previous["settings"].get(k) != getattr(args, k)}
     sha = weights_sha256(model)                                        # the same seeded random weights
@@ -823,7 +930,9 @@ def zoo_payload(arms, roles, args, speed: dict, fidelity: dict, command: str, st
                "load": {"before": before, "after": BS.load_average()}, "seconds": time.time() - started,
                "goal": GOAL, "weights_sha256": {"speed": speed["weights_sha256"],
                                                 "fidelity": fidelity["results"]["weights_sha256"]},
-               "speed": {k: v for k, v in speed.items() if k not in ("table", "runs", "arms")},
+               "speed": dict({k: v for k, v in speed.items() if k not in ("table", "runs", "arms", "added")},
+                             added=[{k: v for k, v in g.items() if k not in ("table", "runs")}
+                                    for g in speed.get("added", [])]),
                "fidelity": fidelity, "arms": combine(arms, roles, speed, fidelity)}
     if args.quick:
         payload["settings"]["preset"] = speed["model"] + " (perturbed, quick)"

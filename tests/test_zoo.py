@@ -108,7 +108,8 @@ def test_goal_verdict_follows_patched_results(zoo):
     markdown names the arm; one PSNR interval below 0 and it says no."""
     _, data, _ = zoo
     arms, roles = Z.zoo_arms()
-    speed = {"table": {k: copy.deepcopy(r["speed"]) for k, r in data["arms"].items()}}
+    speed = {"arms": [Z.arm_record(r) for r in arms],
+             "table": {k: copy.deepcopy(r["speed"]) for k, r in data["arms"].items()}}
     fidelity = copy.deepcopy(data["fidelity"])
     for label, row in Z.combine(arms, roles, speed, fidelity).items():
         assert row["goal"] == data["arms"][label]["goal"]
@@ -273,6 +274,47 @@ def test_speed_part_resumes_its_finished_rounds(split, capsys):
     with pytest.raises(SystemExit):
         Z.main(["--quick", "--part", "fidelity", "--resume"])
     assert "--resume needs --partial FOLDER" in capsys.readouterr().err
+
+
+def test_speed_part_adds_the_arms_it_lacks_in_rounds_of_their_own(split, tmp_path, capsys):
+    """An arm the speed file lacks (a strategy registered since, an extra) is added with --resume: rounds of its
+    own interleave it with full and full-b, whose seconds there give its ratios; the first group is left as it was;
+    more rounds continue both groups; the fidelity part reads the merged table and the page marks the arm. A changed
+    arm or one not asked for is refused."""
+    import shutil
+    _, _, out = split
+    first = json.loads((out / "zoo_quick_speed.json").read_text())
+    path = tmp_path / "speed.json"
+    shutil.copy(out / "zoo_quick_speed.json", path)
+    extra = ["--strategies", "x=lazymar", "--strategy-opt", "x.head_interval=2"]
+    base = ["--quick", "--threads", "1", "--part", "speed", "--speed-file", str(path), "--resume"]
+    Z.main(base + extra)
+    data = json.loads(path.read_text())
+    assert {k: v for k, v in data.items() if k != "added"} == first
+    (group,) = data["added"]
+    assert [a["label"] for a in group["arms"]] == ["full", "full-b", "x"] and group["rounds_done"] == 1
+    arms, _ = Z.zoo_arms(Z.RANK_FILE, "x=lazymar", ["x.head_interval=2"])
+    table = Z.read_speed(path, arms)["table"]
+    assert table["x"] == group["table"]["x"] and table["lazymar"] == first["table"]["lazymar"]
+    runs = group["runs"]
+    assert table["x"]["over_full"]["end_to_end"]["per_round"] == [
+        runs["full"][0]["seconds"]["end_to_end"] / runs["x"][0]["seconds"]["end_to_end"]]
+    Z.main(base + extra + ["--rounds", "2"])                     # both groups continued to 2 rounds
+    more = json.loads(path.read_text())
+    assert more["rounds_done"] == more["added"][0]["rounds_done"] == 2 and len(more["added"]) == 1
+    assert more["added"][0]["runs"]["x"][0] == runs["x"][0] and more["runs"]["full"][0] == first["runs"]["full"][0]
+    payload = Z.main(["--quick", "--threads", "1", "--part", "fidelity", "--speed-file", str(path), "--out",
+                      str(tmp_path), *extra])
+    assert payload["arms"]["x"]["speed_group"] == 1 and payload["arms"]["lazymar"]["speed_group"] == 0
+    assert payload["arms"]["x"]["speed"] == more["added"][0]["table"]["x"]
+    assert "runs" not in payload["speed"]["added"][0]
+    md = (tmp_path / "zoo_quick.md").read_text()
+    assert "| `x` † |" in md and "| `lazymar` |" in md and "Arms marked † were added to the speed part later" in md
+    for argv, words in ((base + ["--strategies", "x=lazymar", "--strategy-opt", "x.head_interval=3"],
+                         "changed ['x'], not asked for []"), (base, "changed [], not asked for ['x']")):
+        with pytest.raises(SystemExit):
+            Z.main(argv)
+        assert words in capsys.readouterr().err
 
 
 def test_fidelity_part_under_torchrun_spreads_the_runs_and_gives_the_single_process_result(split, tmp_path):
