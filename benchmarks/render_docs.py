@@ -364,6 +364,11 @@ class ZooResults:
     def rounds(self) -> int:
         return int(self.data["speed"]["rounds_done"])
 
+    def unjudged(self) -> list[str]:
+        """Strategies registered now that are not rows of this run (registered since it ran)."""
+        from mar_probe import strategies
+        return [name for name in strategies.available() if name not in self.arms]
+
     @property
     def images(self) -> int:
         """Paired images behind each arm's PSNR (every seed's)."""
