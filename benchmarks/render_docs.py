@@ -684,6 +684,13 @@ class Phase:
         return sum(window) / len(window)
 
     @property
+    def final_lr(self) -> float:
+        """The learning rate of the phase's last iteration (``mar_probe.train.lr_at`` of its config): above its
+        ``min_lr`` when the clock stopped it before its cosine ended."""
+        from mar_probe.train import TrainConfig, lr_at
+        return lr_at(TrainConfig.from_dict(self.config), self.iterations - 1)
+
+    @property
     def outcome(self) -> str:
         """``completed`` (every planned iteration ran), ``stopped by the clock`` (its --max-minutes was reached)
         or ``stopped early``."""
