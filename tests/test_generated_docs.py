@@ -233,3 +233,15 @@ def test_a_checkpoints_weights_are_hashed_once_per_file_version(tmp_path, monkey
     weights.write_bytes(b"bb")                                    # a new version of the file
     R.weights_sha256_of(weights)
     assert len(loads) == 2
+
+
+def test_a_phases_final_learning_rate_is_where_its_cosine_stopped():
+    """The training card compares phases by the learning rate of their last iteration (issue 14, phase 29)."""
+    from mar_probe.train import TrainConfig
+    config = TrainConfig(iters=100, lr=1e-4, min_lr=1e-5, warmup_iters=10).to_dict()
+
+    def phase(iterations):
+        return R.Phase(index=1, config=config, start=0, seconds=(1.0,) * iterations, losses=(0.1,) * iterations)
+    assert phase(100).final_lr == pytest.approx(1e-5, rel=0.01)          # completed: (nearly) at min_lr
+    assert phase(56).final_lr == pytest.approx(5.5e-5)                    # iteration 55: half way down the cosine
+    assert phase(5).final_lr == pytest.approx(5e-5)                       # iteration 4 of a 10-iteration warm-up
