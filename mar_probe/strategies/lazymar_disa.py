@@ -7,8 +7,8 @@ It is ``compose`` (:class:`~mar_probe.strategies.compose.ComposeStrategy`, built
 * the token side: ``lazymar``'s token policy with ``refresh_interval`` 16 and ``warmup_steps`` 3, and LazyMAR's
   condition cache (compose's, ``condition_warmup`` 0: the token policy's warm-up and refresh steps compute both
   branches). LazyMAR's published schedule is 9 and 5 (the ``lazymar`` docstring); 16 and 3 are issue 17's frontier
-  screen on ``fashion_b128`` (``benchmarks/results/frontier_b128_fid``), where LazyMAR's own 9 (``r9-d25h1``) was
-  slower at a fidelity within the interval of this one's;
+  screen on ``fashion_b128`` (``benchmarks/results/frontier_b128_fid``), where LazyMAR's own 9 and 5 with the same
+  head (``r9-d25h1``) were slower at a fidelity within the interval of this one's;
 * the head side: DiSA's schedule (the ``disa`` docstring) ``linear`` from ``upper`` 25 to ``lower`` 5 with the
   released sampler's clamp at timestep 950. The published commands anneal from 50; 25 is the released code's
   argparse default (``MAR_DiSA/main_mar.py`` line 92) and the screen's choice (its ``r16w3-d50h1`` was slower);
