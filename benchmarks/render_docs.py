@@ -364,6 +364,13 @@ class ZooResults:
     def rounds(self) -> int:
         return int(self.data["speed"]["rounds_done"])
 
+    def added_speed(self, rel: str = "zoo_speed.json") -> dict:
+        """Per arm of the speed file's added groups (measured after this run's speed part, ``--part speed
+        --resume``) its speed row and the group's rounds."""
+        data = json.loads((RESULTS / rel).read_text())
+        return {a["label"]: dict(g["table"][a["label"]], rounds=g["rounds_done"]) for g in data.get("added", [])
+                for a in g["arms"] if a["label"] not in ("full", "full-b")}
+
     def unjudged(self) -> list[str]:
         """Strategies registered now that are not rows of this run (registered since it ran)."""
         from mar_probe import strategies
