@@ -232,7 +232,7 @@ def _write_json(path: Path, payload: dict) -> None:
     tmp.replace(path)                                                   # never a half-written file
 
 
-def _groups(data: dict) -> list[dict]:
+def speed_groups(data: dict) -> list[dict]:
     """The speed file's measurements: the first, then the added groups."""
     return [data] + list(data.get("added", []))
 
@@ -241,7 +241,7 @@ def measured_arms(data: dict) -> dict[str, tuple[dict, int]]:
     """Per label the arm record and the index of the group whose rounds give its ratios (0: the first; the
     references ``full`` and ``full-b`` of every group are the first group's)."""
     out: dict = {}
-    for k, group in enumerate(_groups(data)):
+    for k, group in enumerate(speed_groups(data)):
         for record in group["arms"]:
             out.setdefault(record["label"], (record, k))
     return out
@@ -264,7 +264,7 @@ def _load_speed(path: Path) -> dict:
 
 
 def _check_rounds(path: Path, data: dict) -> None:
-    for k, group in enumerate(_groups(data)):
+    for k, group in enumerate(speed_groups(data)):
         if group.get("rounds_done", 0) < 1:
             raise ValueError(f"speed file {str(path)!r} has no finished round (rounds_done="
                              f"{group.get('rounds_done')!r}{f' in added group {k}' if k else ''}); expected >= 1")
@@ -280,7 +280,7 @@ def read_speed(path: Path, arms) -> dict:
                          f"not asked for {extra!r}; rerun --part speed with the same arms (arms it lacks, none "
                          f"changed: add them with --part speed --resume)")
     _check_rounds(path, data)
-    groups, table = _groups(data), dict(data["table"])
+    groups, table = speed_groups(data), dict(data["table"])
     for label, (_, k) in measured_arms(data).items():
         if k:                                                           # an arm of an added group
             table[label] = groups[k]["table"][label]

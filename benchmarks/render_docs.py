@@ -367,9 +367,11 @@ class ZooResults:
     def added_speed(self, rel: str = "zoo_speed.json") -> dict:
         """Per arm of the speed file's added groups (measured after this run's speed part, ``--part speed
         --resume``) its speed row and the group's rounds."""
+        import bench_zoo
         data = json.loads((RESULTS / rel).read_text())
-        return {a["label"]: dict(g["table"][a["label"]], rounds=g["rounds_done"]) for g in data.get("added", [])
-                for a in g["arms"] if a["label"] not in ("full", "full-b")}
+        groups = bench_zoo.speed_groups(data)
+        return {label: dict(groups[k]["table"][label], rounds=groups[k]["rounds_done"])
+                for label, (_, k) in bench_zoo.measured_arms(data).items() if k}       # k: an added group
 
     def unjudged(self) -> list[str]:
         """Strategies registered now that are not rows of this run (registered since it ran)."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result  # noqa: E402
+from common import command_line, write_result  # noqa: E402
 
 from mar_probe._io import file_sha256  # noqa: E402
 
@@ -140,7 +139,7 @@ def main(argv=None) -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True, capture_output=True,
                             check=True).stdout.strip()
     result = rehearse(candidate.resolve() if candidate is not None else None, commit, args.timeout, args.slowest)
-    command = "python benchmarks/ship_rehearsal.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = command_line("ship_rehearsal.py", argv or sys.argv[1:])
     path = write_result(args.name, {"command": command, "candidate": str(candidate) if candidate is not None else None,
                                     "candidate_sha256": sha,
                                     "commit": commit, "load": args.load, **result})
